@@ -1,0 +1,230 @@
+//! What an attention call computes: the softmax algorithm, operand formats and masks.
+
+use crate::mx::{ElemFormat, ScaleMode, DEFAULT_BLOCK};
+use std::fmt;
+
+/// Keys per tile of the online-softmax loop (the FlashAttention KV tile). P blocks and
+/// the per-tile bookkeeping of every algorithm are defined relative to these tiles.
+pub const KV_TILE: usize = 128;
+
+/// How the softmax probabilities are produced from the scores.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// FlashAttention's online softmax in f32: `P = exp(s − m)`, P kept in f32.
+    /// With quantized Q/K/V formats this is the *operand floor*: exact softmax on the
+    /// quantized operands.
+    Exact,
+    /// The conventional low-precision path both papers improve on: `P = exp(s − m)` in
+    /// f32 per tile, then P quantized to [`AttentionConfig::p_format`] (32-key MX blocks
+    /// or FP8), the same decoded P feeding `P·V` and the row sum.
+    ExpThenQuantize,
+}
+
+impl Algorithm {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Exact => "exact",
+            Self::ExpThenQuantize => "exp-then-quantize",
+        }
+    }
+}
+
+/// Format of a Q, K or V operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandFormat {
+    /// The input values as given (f32, or the bf16/f16 values widened to f32).
+    Native,
+    /// Rounded to bf16.
+    Bf16,
+    /// OCP MX blocks: along the head dim for Q/K, along the keys for V (one E8M0 scale
+    /// per `block` keys × 1 channel).
+    Mx {
+        elem: ElemFormat,
+        scale: ScaleMode,
+        block: usize,
+    },
+    /// FP8 with one f32 scale per channel (`amax_c / max_normal` over the valid keys).
+    /// V only.
+    PerChannel { elem: ElemFormat },
+}
+
+impl OperandFormat {
+    /// MX with OCP block 32 and the OCP floor scale.
+    pub fn mx(elem: ElemFormat) -> Self {
+        Self::Mx {
+            elem,
+            scale: ScaleMode::Floor,
+            block: DEFAULT_BLOCK,
+        }
+    }
+    pub fn mx_with(elem: ElemFormat, scale: ScaleMode) -> Self {
+        Self::Mx {
+            elem,
+            scale,
+            block: DEFAULT_BLOCK,
+        }
+    }
+    /// FP8 E4M3 with a per-channel f32 scale.
+    pub fn fp8_per_channel() -> Self {
+        Self::PerChannel {
+            elem: ElemFormat::E4M3,
+        }
+    }
+}
+
+impl fmt::Display for OperandFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Native => f.write_str("native"),
+            Self::Bf16 => f.write_str("bf16"),
+            Self::Mx { elem, scale, block } => {
+                write!(f, "{}-{}", elem.mx_name(), elem)?;
+                if *scale != ScaleMode::Floor {
+                    write!(f, "/{scale}")?;
+                }
+                if *block != DEFAULT_BLOCK {
+                    write!(f, "/b{block}")?;
+                }
+                Ok(())
+            }
+            Self::PerChannel { elem } => write!(f, "{elem}/channel"),
+        }
+    }
+}
+
+/// Format of the probability operand P (the left operand of `P·V`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ProbFormat {
+    /// f32, unquantized.
+    #[default]
+    F32,
+    /// MX blocks of `block` consecutive keys of one query row (within a KV tile).
+    Mx {
+        elem: ElemFormat,
+        scale: ScaleMode,
+        block: usize,
+    },
+    /// FP8 with the fixed scale 2^8 (P ≤ 1 maps to ≤ 256), as FlashAttention-3's FP8
+    /// path does.
+    Fp8 { elem: ElemFormat },
+}
+
+impl ProbFormat {
+    pub fn mx(elem: ElemFormat) -> Self {
+        Self::Mx {
+            elem,
+            scale: ScaleMode::Floor,
+            block: DEFAULT_BLOCK,
+        }
+    }
+    pub fn mx_with(elem: ElemFormat, scale: ScaleMode) -> Self {
+        Self::Mx {
+            elem,
+            scale,
+            block: DEFAULT_BLOCK,
+        }
+    }
+}
+
+impl fmt::Display for ProbFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::F32 => f.write_str("f32"),
+            Self::Mx { elem, scale, block } => {
+                write!(f, "{}-{}/{}", elem.mx_name(), elem, scale)?;
+                if *block != DEFAULT_BLOCK {
+                    write!(f, "/b{block}")?;
+                }
+                Ok(())
+            }
+            Self::Fp8 { elem } => write!(f, "{elem}x256"),
+        }
+    }
+}
+
+/// Everything an attention call needs besides the tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionConfig {
+    pub algorithm: Algorithm,
+    /// Multiplies the raw scores; `None` means `1/√d`.
+    pub softmax_scale: Option<f32>,
+    /// Causal mask, bottom-right aligned: query i sees keys `j ≤ i + (kv_len − sq)`, so a
+    /// decode step (sq = 1) sees every cached key.
+    pub causal: bool,
+    /// Valid key count per batch entry (key-padding mask); keys at or past it are masked.
+    pub key_lengths: Option<Vec<usize>>,
+    /// Q and K format (MX blocks run along the head dim).
+    pub qk_format: OperandFormat,
+    /// V format.
+    pub v_format: OperandFormat,
+    /// P format (ignored by [`Algorithm::Exact`], which must leave it `F32`).
+    pub p_format: ProbFormat,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        Self::exact()
+    }
+}
+
+impl AttentionConfig {
+    /// Exact softmax attention on unquantized operands.
+    pub fn exact() -> Self {
+        Self {
+            algorithm: Algorithm::Exact,
+            softmax_scale: None,
+            causal: false,
+            key_lengths: None,
+            qk_format: OperandFormat::Native,
+            v_format: OperandFormat::Native,
+            p_format: ProbFormat::F32,
+        }
+    }
+
+    /// Exp-then-quantize with the given formats.
+    pub fn exp_then_quantize(qk: OperandFormat, v: OperandFormat, p: ProbFormat) -> Self {
+        Self {
+            algorithm: Algorithm::ExpThenQuantize,
+            qk_format: qk,
+            v_format: v,
+            p_format: p,
+            ..Self::exact()
+        }
+    }
+
+    /// The same configuration with another algorithm (formats, masks and scale kept).
+    pub fn with_algorithm(mut self, a: Algorithm) -> Self {
+        self.algorithm = a;
+        self
+    }
+    pub fn with_causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    pub fn with_softmax_scale(mut self, s: f32) -> Self {
+        self.softmax_scale = Some(s);
+        self
+    }
+    pub fn with_key_lengths(mut self, lens: Vec<usize>) -> Self {
+        self.key_lengths = Some(lens);
+        self
+    }
+    pub fn with_formats(mut self, qk: OperandFormat, v: OperandFormat, p: ProbFormat) -> Self {
+        self.qk_format = qk;
+        self.v_format = v;
+        self.p_format = p;
+        self
+    }
+
+    /// A short label such as `exp-then-quantize qk=MXFP4-E2M1 v=E4M3/channel p=MXFP4-E2M1/floor`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} qk={} v={} p={}",
+            self.algorithm.name(),
+            self.qk_format,
+            self.v_format,
+            self.p_format
+        )
+    }
+}

@@ -1,0 +1,270 @@
+//! One attention entry point for every algorithm and format.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use mxattn::attention::{attention, AttentionConfig, OperandFormat, ProbFormat};
+//! use mxattn::mx::ElemFormat;
+//!
+//! let dev = Device::Cpu;
+//! let q = Tensor::randn(0f32, 1.0, (1, 4, 64, 128), &dev)?;
+//! let k = Tensor::randn(0f32, 1.0, (1, 2, 64, 128), &dev)?; // GQA: 2 KV heads
+//! let v = Tensor::randn(0f32, 1.0, (1, 2, 64, 128), &dev)?;
+//! let cfg = AttentionConfig::exp_then_quantize(
+//!     OperandFormat::mx(ElemFormat::E2M1),   // MXFP4 Q and K
+//!     OperandFormat::fp8_per_channel(),      // FP8 V
+//!     ProbFormat::mx(ElemFormat::E2M1),      // MXFP4 P
+//! )
+//! .with_causal(true);
+//! let o = attention(&q, &k, &v, &cfg)?;
+//! assert_eq!(o.dims(), &[1, 4, 64, 128]);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+//!
+//! Semantics shared by all algorithms:
+//! * q `[b, hq, sq, d]`, k and v `[b, hkv, sk, d]`, hq a multiple of hkv (GQA);
+//!   f32, bf16 or f16, the output in the same dtype; arithmetic in f32.
+//! * A row whose keys are all masked (causal with sq > kv_len, or a zero key length)
+//!   gives O = 0 and LSE = −inf.
+//! * NaN or Inf in q, k or v is an error, as is a score that overflows f32.
+
+pub mod config;
+pub mod hadamard;
+pub(crate) mod op;
+pub(crate) mod problem;
+pub(crate) mod softmax;
+
+pub use crate::cpu::CpuPath;
+pub use config::{Algorithm, AttentionConfig, OperandFormat, ProbFormat, KV_TILE};
+
+use crate::mx::pack::pack_granule;
+use candle_core::{bail, DType, Result, Tensor};
+use op::{AttentionOp, OpStats};
+use problem::Problem;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Largest head dim accepted.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Options of one call beyond the config.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    pub cpu_path: CpuPath,
+    /// Also return the log-sum-exp.
+    pub lse: bool,
+}
+
+/// Counters of one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionStats {
+    /// Rows × tiles that left the frozen-max fast path (Fused-Softmax); 0 otherwise.
+    pub rollbacks: u64,
+}
+
+/// Result of [`attention_ext`].
+#[derive(Clone, Debug)]
+pub struct AttentionOutput {
+    /// `[b, hq, sq, d]` in the input dtype.
+    pub out: Tensor,
+    /// `[b, hq, sq]` f32, natural log of Σ exp(scaled scores), when asked for.
+    pub lse: Option<Tensor>,
+    pub stats: AttentionStats,
+}
+
+/// Attention output `[b, hq, sq, d]`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result<Tensor> {
+    Ok(attention_ext(q, k, v, cfg, &RunOptions::default())?.out)
+}
+
+/// Attention output and the log-sum-exp `[b, hq, sq]` (f32, −inf for fully masked rows).
+pub fn attention_with_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cfg: &AttentionConfig,
+) -> Result<(Tensor, Tensor)> {
+    let r = attention_ext(
+        q,
+        k,
+        v,
+        cfg,
+        &RunOptions {
+            lse: true,
+            ..Default::default()
+        },
+    )?;
+    Ok((r.out, r.lse.expect("lse was asked for")))
+}
+
+/// Attention with every option and the call's counters.
+pub fn attention_ext(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cfg: &AttentionConfig,
+    opts: &RunOptions,
+) -> Result<AttentionOutput> {
+    let problem = validate(q, k, v, cfg)?;
+    if !q.device().is_cpu() {
+        bail!(
+            "attention: {:?} tensors are not supported by this build's kernels; use the CPU",
+            q.device()
+        );
+    }
+    let softmax_scale = cfg.softmax_scale.unwrap_or(1.0 / (problem.d as f32).sqrt());
+    let stats = Arc::new(OpStats::default());
+    let op = AttentionOp {
+        cfg: cfg.clone(),
+        problem: problem.clone(),
+        softmax_scale,
+        with_lse: opts.lse,
+        cpu_path: opts.cpu_path,
+        stats: stats.clone(),
+    };
+    let raw = q
+        .contiguous()?
+        .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+    let stats = AttentionStats {
+        rollbacks: stats.rollbacks.load(Ordering::Relaxed),
+    };
+    if !opts.lse {
+        return Ok(AttentionOutput {
+            out: raw,
+            lse: None,
+            stats,
+        });
+    }
+    let d = problem.d;
+    let out = raw.narrow(3, 0, d)?.to_dtype(q.dtype())?.contiguous()?;
+    let lse = raw.narrow(3, d, 1)?.squeeze(3)?.contiguous()?;
+    Ok(AttentionOutput {
+        out,
+        lse: Some(lse),
+        stats,
+    })
+}
+
+fn check_operand_format(name: &str, f: OperandFormat, d: usize, is_v: bool) -> Result<()> {
+    match f {
+        OperandFormat::Native | OperandFormat::Bf16 => Ok(()),
+        OperandFormat::PerChannel { elem } => {
+            if !is_v {
+                bail!("attention: {name} format {f} is for V only; Q/K take native, bf16 or MX formats");
+            }
+            if elem.bits() != 8 {
+                bail!("attention: per-channel V needs an FP8 element (E4M3 or E5M2), got {elem}");
+            }
+            Ok(())
+        }
+        OperandFormat::Mx { elem, block, .. } => {
+            let g = pack_granule(elem.bits());
+            if block == 0 || block % g != 0 {
+                bail!("attention: {name} MX block {block} invalid for {elem} (a positive multiple of {g})");
+            }
+            if !is_v && d % block != 0 {
+                bail!(
+                    "attention: head dim {d} is not supported by {name} format {f}: MX blocks run along the head dim, \
+                     so it must be a multiple of {block} (e.g. 64, 128, 256)"
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Shapes, dtypes, devices and config checked; the call's geometry.
+fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result<Problem> {
+    for (n, t) in [("q", q), ("k", k), ("v", v)] {
+        if t.rank() != 4 {
+            bail!(
+                "attention: {n} must have rank 4 ([batch, heads, seq, head_dim]), got shape {:?}",
+                t.dims()
+            );
+        }
+        if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+            bail!(
+                "attention: {n} has dtype {:?}; expected f32, bf16 or f16",
+                t.dtype()
+            );
+        }
+    }
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        bail!(
+            "attention: q, k, v must share a dtype, got {:?}, {:?}, {:?}",
+            q.dtype(),
+            k.dtype(),
+            v.dtype()
+        );
+    }
+    if !q.device().same_device(k.device()) || !q.device().same_device(v.device()) {
+        bail!("attention: q, k, v must be on one device");
+    }
+    let (b, hq, sq, d) = q.dims4()?;
+    let (bk, hkv, sk, dk) = k.dims4()?;
+    if k.dims() != v.dims() {
+        bail!(
+            "attention: k {:?} and v {:?} must have the same shape",
+            k.dims(),
+            v.dims()
+        );
+    }
+    if bk != b {
+        bail!("attention: batch of q ({b}) and k/v ({bk}) differ");
+    }
+    if dk != d {
+        bail!("attention: head dim of q ({d}) and k/v ({dk}) differ");
+    }
+    if d == 0 || d > MAX_HEAD_DIM {
+        bail!("attention: head dim {d} unsupported (1..={MAX_HEAD_DIM})");
+    }
+    if hkv == 0 || hq % hkv != 0 {
+        bail!("attention: query heads ({hq}) must be a multiple of key/value heads ({hkv})");
+    }
+    let kv_lens = match &cfg.key_lengths {
+        None => vec![sk; b],
+        Some(l) => {
+            if l.len() != b {
+                bail!(
+                    "attention: key_lengths has {} entries for batch {b}",
+                    l.len()
+                );
+            }
+            if let Some((i, n)) = l.iter().enumerate().find(|(_, n)| **n > sk) {
+                bail!("attention: key_lengths[{i}] = {n} exceeds the key count {sk}");
+            }
+            l.clone()
+        }
+    };
+    if let Some(s) = cfg.softmax_scale {
+        if !s.is_finite() || s == 0.0 {
+            bail!("attention: softmax_scale must be finite and non-zero, got {s}");
+        }
+    }
+    check_operand_format("Q/K", cfg.qk_format, d, false)?;
+    check_operand_format("V", cfg.v_format, d, true)?;
+    match (&cfg.algorithm, cfg.p_format) {
+        (Algorithm::Exact, p) if p != ProbFormat::F32 => {
+            bail!("attention: the exact algorithm keeps P in f32 (got p format {p}); use ExpThenQuantize")
+        }
+        (_, ProbFormat::Mx { elem, block, .. }) => {
+            let g = pack_granule(elem.bits());
+            if block == 0 || block % g != 0 || KV_TILE % block != 0 {
+                bail!("attention: P MX block {block} invalid for {elem}: it must divide the {KV_TILE}-key tile and be a multiple of {g}");
+            }
+        }
+        (_, ProbFormat::Fp8 { elem }) if elem.bits() != 8 => {
+            bail!("attention: P format Fp8 needs an 8-bit element (E4M3 or E5M2), got {elem}")
+        }
+        _ => {}
+    }
+    Ok(Problem {
+        b,
+        hq,
+        hkv,
+        sq,
+        sk,
+        d,
+        kv_lens,
+        causal: cfg.causal,
+    })
+}

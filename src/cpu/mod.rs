@@ -1,0 +1,92 @@
+//! CPU backend: the scalar reference and the tiled fast path of every algorithm.
+
+pub(crate) mod dot;
+pub(crate) mod operands;
+pub(crate) mod reference;
+pub(crate) mod tiled;
+
+use crate::attention::config::{Algorithm, AttentionConfig};
+use crate::attention::problem::Problem;
+use crate::attention::softmax::{self, SoftmaxAlgo};
+use candle_core::Result;
+
+/// Which CPU implementation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CpuPath {
+    /// The tiled, parallel path (the default).
+    #[default]
+    Tiled,
+    /// The scalar reference: slow, single-threaded, the definition the tiled path matches.
+    Reference,
+}
+
+/// O `[rows·d]`, LSE `[rows]`, and counters.
+pub(crate) struct RunOutput {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub rollbacks: u64,
+}
+
+impl RunOutput {
+    fn zeros(p: &Problem) -> Self {
+        Self {
+            o: vec![0.0; p.rows() * p.d],
+            lse: vec![0.0; p.rows()],
+            rollbacks: 0,
+        }
+    }
+}
+
+/// O ← O / L. A row whose P operand was all zeros (L = 0) keeps O = 0 instead of NaN.
+#[inline]
+pub(crate) fn finish_row(o: &mut [f32], l: f32) {
+    if l > 0.0 {
+        o.iter_mut().for_each(|x| *x /= l);
+    } else {
+        o.fill(0.0);
+    }
+}
+
+fn run_algo<A: SoftmaxAlgo>(
+    algo: &A,
+    path: CpuPath,
+    p: &Problem,
+    cfg: &AttentionConfig,
+    softmax_scale: f32,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<RunOutput> {
+    let prep = algo.score_prep(softmax_scale);
+    match path {
+        CpuPath::Tiled => {
+            let ops = operands::prepare(p, cfg, prep, q, k, v);
+            tiled::run(algo, p, prep, &ops)
+        }
+        CpuPath::Reference => {
+            let ops = reference::prepare(p, cfg, prep, q, k, v)?;
+            reference::run(algo, p, prep, &ops)
+        }
+    }
+}
+
+/// Runs `cfg` on f32 inputs laid out as `p` says.
+pub(crate) fn run(
+    path: CpuPath,
+    p: &Problem,
+    cfg: &AttentionConfig,
+    softmax_scale: f32,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<RunOutput> {
+    match &cfg.algorithm {
+        Algorithm::Exact => run_algo(&softmax::Exact, path, p, cfg, softmax_scale, q, k, v),
+        Algorithm::ExpThenQuantize => {
+            let a = softmax::ExpThenQuantize {
+                p_format: cfg.p_format,
+            };
+            run_algo(&a, path, p, cfg, softmax_scale, q, k, v)
+        }
+    }
+}
