@@ -58,8 +58,10 @@ def encode(fmt, x32):
     x = x32.astype(np.float64)
     finite = np.isfinite(x)
     sat = np.where(finite, np.clip(x, -mx, mx), x)
-    codes = sat.astype(np.float32).astype(dt).view(np.uint8)
-    return codes & ((1 << bits) - 1)
+    codes = sat.astype(np.float32).astype(dt).view(np.uint8) & ((1 << bits) - 1)
+    if bits < 8:
+        codes = np.where(np.isnan(x), 0, codes).astype(np.uint8)
+    return codes
 
 
 def f32_bits(a):

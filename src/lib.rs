@@ -8,3 +8,5 @@
 pub mod attention;
 pub(crate) mod cpu;
 pub mod mx;
+pub mod oracle;
+pub mod synth;

@@ -6,9 +6,10 @@
 //!   MX spec's conversion does for normals;
 //! * E4M3 has no infinity: ±Inf and NaN encode to NaN (`S.1111.111`, sign kept);
 //! * E5M2 keeps IEEE-style ±Inf and NaN (`0x7E` for a positive NaN);
-//! * the FP6/FP4 types have neither: ±Inf saturates to ±max, and NaN encodes to the
-//!   sign-only pattern (`-0`), as `ml_dtypes` does. An MX block holding a NaN or Inf is
-//!   flagged by its E8M0 scale instead (see [`super::quantize`]).
+//! * the FP6/FP4 types have neither: ±Inf saturates to ±max (as `ml_dtypes` does), and
+//!   NaN, whose conversion OCP leaves to the implementation, encodes to code 0 (+0).
+//!   An MX block holding a NaN or Inf is flagged by its E8M0 NaN scale instead (see
+//!   [`super::block`]), so the NaN survives dequantization.
 
 use std::fmt;
 use std::str::FromStr;
@@ -130,7 +131,7 @@ impl ElemFormat {
             return match self {
                 Self::E4M3 => sign | 0x7F,
                 Self::E5M2 => sign | 0x7E,
-                _ => sign,
+                _ => 0,
             };
         }
         let a = x.abs();

@@ -1,0 +1,124 @@
+//! Float64 exact attention, the yardstick of every accuracy claim, and error metrics.
+//!
+//! Written independently of the crate's kernels: two-pass softmax per row in f64 over
+//! the given f32 values, the same mask semantics as [`crate::attention`].
+
+use candle_core::{bail, DType, Result, Tensor};
+use rayon::prelude::*;
+
+/// Masks and scale of an oracle run.
+#[derive(Clone, Debug, Default)]
+pub struct OracleMask {
+    pub causal: bool,
+    pub key_lengths: Option<Vec<usize>>,
+    /// `None`: 1/√d.
+    pub softmax_scale: Option<f64>,
+}
+
+/// O `[rows·d]` and natural-log LSE `[rows]` in f64 (fully masked rows: 0 and −inf).
+pub struct OracleOutput {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+    pub d: usize,
+}
+
+fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// Exact softmax attention in f64 of q `[b, hq, sq, d]`, k/v `[b, hkv, sk, d]`.
+pub fn exact_attention_f64(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &OracleMask,
+) -> Result<OracleOutput> {
+    let (b, hq, sq, d) = q.dims4()?;
+    let (_, hkv, sk, _) = k.dims4()?;
+    if hkv == 0 || hq % hkv != 0 {
+        bail!("oracle: hq {hq} not a multiple of hkv {hkv}");
+    }
+    let (qv, kv, vv) = (f32s(q)?, f32s(k)?, f32s(v)?);
+    let scale = mask.softmax_scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let rows = b * hq * sq;
+    let mut o = vec![0f64; rows * d];
+    let mut lse = vec![0f64; rows];
+    o.par_chunks_mut(d.max(1))
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, (orow, l))| {
+            let i = r % sq;
+            let h = (r / sq) % hq;
+            let bb = r / (sq * hq);
+            let kvh = h / (hq / hkv);
+            let len = mask.key_lengths.as_ref().map_or(sk, |v| v[bb]);
+            let n = if mask.causal {
+                (i as i64 + len as i64 - sq as i64 + 1).clamp(0, len as i64) as usize
+            } else {
+                len
+            };
+            if n == 0 {
+                *l = f64::NEG_INFINITY;
+                return;
+            }
+            let qi = &qv[r * d..(r + 1) * d];
+            let base = (bb * hkv + kvh) * sk * d;
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    let kj = &kv[base + j * d..base + (j + 1) * d];
+                    qi.iter()
+                        .zip(kj)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut sum = 0f64;
+            for (j, sj) in s.iter().enumerate() {
+                let p = (sj - m).exp();
+                sum += p;
+                let vj = &vv[base + j * d..base + (j + 1) * d];
+                for (oc, vc) in orow.iter_mut().zip(vj) {
+                    *oc += p * *vc as f64;
+                }
+            }
+            for oc in orow.iter_mut() {
+                *oc /= sum;
+            }
+            *l = m + sum.ln();
+        });
+    Ok(OracleOutput { o, lse, d })
+}
+
+/// Per-row relative errors ‖o − ref‖ / ‖ref‖ (rows with ‖ref‖ = 0 are skipped).
+pub fn row_relative_errors(o: &[f32], reference: &OracleOutput) -> Vec<f64> {
+    let d = reference.d;
+    o.chunks(d)
+        .zip(reference.o.chunks(d))
+        .filter_map(|(a, r)| {
+            let nr = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+            if nr == 0.0 {
+                return None;
+            }
+            let ne = a
+                .iter()
+                .zip(r)
+                .map(|(x, y)| (*x as f64 - y).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            Some(ne / nr)
+        })
+        .collect()
+}
+
+/// (mean, max) of a slice; (0, 0) when empty.
+pub fn mean_max(e: &[f64]) -> (f64, f64) {
+    if e.is_empty() {
+        return (0.0, 0.0);
+    }
+    (
+        e.iter().sum::<f64>() / e.len() as f64,
+        e.iter().copied().fold(0.0, f64::max),
+    )
+}

@@ -1,0 +1,117 @@
+//! MxTensor layout, packing and round-trip properties.
+
+use candle_core::{DType, Device, Tensor};
+use mxattn::mx::{self, pack, ElemFormat, ScaleMode, ALL_FORMATS};
+use proptest::prelude::*;
+
+fn vals(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+#[test]
+fn layout_moves_the_quantized_dim_last() {
+    let t = Tensor::randn(0f32, 1.0, (2, 3, 70, 5), &Device::Cpu).unwrap();
+    let q = mx::quantize(&t, ElemFormat::E2M1, ScaleMode::Floor, 2, 32).unwrap();
+    // 70 keys -> 3 blocks (the last partial), padded to 96 codes = 48 bytes
+    assert_eq!(q.codes().dims(), &[2, 3, 5, 48]);
+    assert_eq!(q.scales().dims(), &[2, 3, 5, 3]);
+    assert_eq!(q.codes().dtype(), DType::U8);
+    let back = q.dequantize().unwrap();
+    assert_eq!(back.dims(), t.dims());
+    // each element comes back as the nearest E2M1 multiple of its block scale (checked
+    // independently: the relative error of a block's max is at most 25 % under Floor)
+    let (a, b) = (vals(&t), vals(&back));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 0.5 * x.abs().max(1e-3) + 1.0, "{x} vs {y}");
+    }
+}
+
+#[test]
+fn fp6_and_fp4_packing_round_trips() {
+    let codes6: Vec<u8> = (0..64u32).map(|i| ((i * 37) % 64) as u8).collect();
+    let mut packed = vec![0u8; 48];
+    pack::pack(&codes6, 6, &mut packed);
+    let mut back = vec![0u8; 64];
+    pack::unpack(&packed, 6, &mut back);
+    assert_eq!(back, codes6);
+    let codes4: Vec<u8> = (0..64u32).map(|i| ((i * 7) % 16) as u8).collect();
+    let mut p4 = vec![0u8; 32];
+    pack::pack(&codes4, 4, &mut p4);
+    assert_eq!(p4[0], codes4[0] | (codes4[1] << 4));
+    pack::unpack(&p4, 4, &mut back[..64]);
+    assert_eq!(&back[..64], &codes4[..]);
+}
+
+#[test]
+fn packed_codes_match_elementwise_encoding() {
+    // A block whose max is exactly 6·2^3 = 48: Floor picks 2^3, every value is x/8 rounded.
+    let x: Vec<f32> = (0..32)
+        .map(|i| if i == 0 { 48.0 } else { i as f32 * 0.7 })
+        .collect();
+    let t = Tensor::from_vec(x.clone(), 32, &Device::Cpu).unwrap();
+    let q = mx::quantize(&t, ElemFormat::E2M1, ScaleMode::Floor, 0, 32).unwrap();
+    assert_eq!(q.scales().to_vec1::<u8>().unwrap(), vec![127 + 3]);
+    let codes = q.unpacked_codes().unwrap();
+    for (c, v) in codes.iter().zip(&x) {
+        assert_eq!(*c, ElemFormat::E2M1.encode(v / 8.0));
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let t = Tensor::zeros((4, 8), DType::F32, &Device::Cpu).unwrap();
+    assert!(mx::quantize(&t, ElemFormat::E2M1, ScaleMode::Floor, 2, 32).is_err());
+    assert!(mx::quantize(&t, ElemFormat::E2M3, ScaleMode::Floor, 1, 6).is_err()); // not 4-aligned
+    assert!(mx::quantize(&t, ElemFormat::E2M1, ScaleMode::Floor, 1, 0).is_err());
+    let u = Tensor::zeros((4, 8), DType::U8, &Device::Cpu).unwrap();
+    assert!(mx::quantize(&u, ElemFormat::E2M1, ScaleMode::Floor, 1, 8).is_err());
+}
+
+#[test]
+fn zero_and_nan_blocks() {
+    let mut x = vec![0f32; 64];
+    x[40] = f32::NAN;
+    let t = Tensor::from_vec(x, 64, &Device::Cpu).unwrap();
+    let q = mx::quantize(&t, ElemFormat::E4M3, ScaleMode::Floor, 0, 32).unwrap();
+    assert_eq!(q.scales().to_vec1::<u8>().unwrap(), vec![0, 0xFF]);
+    let d = vals(&q.dequantize().unwrap());
+    assert!(d[..32].iter().all(|v| *v == 0.0));
+    assert!(d[32..].iter().all(|v| v.is_nan()));
+}
+
+fn arb_block() -> impl Strategy<Value = (Vec<f32>, f32)> {
+    (prop::collection::vec(-1.0f32..1.0, 1..100), -30i32..30).prop_map(|(v, e)| (v, 2f32.powi(e)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Under the OCP floor rule quantize∘dequantize∘quantize reproduces codes and scales;
+    /// under every rule the represented values are a fixed point.
+    #[test]
+    fn quantize_dequantize_quantize_is_a_fixed_point((v, s) in arb_block(), fi in 0usize..5, mi in 0usize..4) {
+        let f = ALL_FORMATS[fi];
+        let mode = ScaleMode::ALL[mi];
+        let x: Vec<f32> = v.iter().map(|a| a * s).collect();
+        let n = x.len();
+        let t = Tensor::from_vec(x, n, &Device::Cpu).unwrap();
+        let q1 = mx::quantize(&t, f, mode, 0, 4).unwrap();
+        let d1 = q1.dequantize().unwrap();
+        let q2 = mx::quantize(&d1, f, mode, 0, 4).unwrap();
+        let d2 = q2.dequantize().unwrap();
+        prop_assert_eq!(vals(&d1), vals(&d2));
+        if mode == ScaleMode::Floor {
+            prop_assert_eq!(q1.unpacked_codes().unwrap(), q2.unpacked_codes().unwrap());
+            prop_assert_eq!(q1.scales().to_vec1::<u8>().unwrap(), q2.scales().to_vec1::<u8>().unwrap());
+        }
+    }
+
+    #[test]
+    fn encode_decode_is_identity_on_representable_values(c in 0u8..=255, fi in 0usize..5) {
+        let f = ALL_FORMATS[fi];
+        let c = c & ((1u16 << f.bits()) - 1) as u8;
+        let v = f.decode(c);
+        prop_assume!(v.is_finite());
+        prop_assert_eq!(f.decode(f.encode(v)).to_bits(), v.to_bits());
+    }
+}
