@@ -1,9 +1,4 @@
-//! mxattn: quantized attention for Candle.
-//!
-//! * [`mx`]: OCP MX formats (MXFP8/6/4), bit-exact codecs and packed tensors.
-//! * [`attention`]: one attention entry point, [`attention::attention`], whose
-//!   [`attention::AttentionConfig`] picks the softmax algorithm and the operand formats.
-//! * `cpu` (internal): the scalar reference and the tiled CPU path of every algorithm.
+#![doc = include_str!("../README.md")]
 
 pub mod attention;
 pub(crate) mod cpu;

@@ -35,7 +35,7 @@ pub fn exact_attention_f64(
 ) -> Result<OracleOutput> {
     let (b, hq, sq, d) = q.dims4()?;
     let (_, hkv, sk, _) = k.dims4()?;
-    if hkv == 0 || hq % hkv != 0 {
+    if hkv == 0 || !hq.is_multiple_of(hkv) {
         bail!("oracle: hq {hq} not a multiple of hkv {hkv}");
     }
     let (qv, kv, vv) = (f32s(q)?, f32s(k)?, f32s(v)?);

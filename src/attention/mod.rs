@@ -158,10 +158,10 @@ fn check_operand_format(name: &str, f: OperandFormat, d: usize, is_v: bool) -> R
         }
         OperandFormat::Mx { elem, block, .. } => {
             let g = pack_granule(elem.bits());
-            if block == 0 || block % g != 0 {
+            if block == 0 || !block.is_multiple_of(g) {
                 bail!("attention: {name} MX block {block} invalid for {elem} (a positive multiple of {g})");
             }
-            if !is_v && d % block != 0 {
+            if !is_v && !d.is_multiple_of(block) {
                 bail!(
                     "attention: head dim {d} is not supported by {name} format {f}: MX blocks run along the head dim, \
                      so it must be a multiple of {block} (e.g. 64, 128, 256)"
@@ -217,7 +217,7 @@ fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result
     if d == 0 || d > MAX_HEAD_DIM {
         bail!("attention: head dim {d} unsupported (1..={MAX_HEAD_DIM})");
     }
-    if hkv == 0 || hq % hkv != 0 {
+    if hkv == 0 || !hq.is_multiple_of(hkv) {
         bail!("attention: query heads ({hq}) must be a multiple of key/value heads ({hkv})");
     }
     let kv_lens = match &cfg.key_lengths {
@@ -248,7 +248,7 @@ fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result
         }
         (_, ProbFormat::Mx { elem, block, .. }) => {
             let g = pack_granule(elem.bits());
-            if block == 0 || block % g != 0 || KV_TILE % block != 0 {
+            if block == 0 || !block.is_multiple_of(g) || !KV_TILE.is_multiple_of(block) {
                 bail!("attention: P MX block {block} invalid for {elem}: it must divide the {KV_TILE}-key tile and be a multiple of {g}");
             }
         }

@@ -71,7 +71,12 @@ impl CustomOp3 for AttentionOp {
         let q = to_f32("q", s1, l1, [p.b, p.hq, p.sq, p.d])?;
         let k = to_f32("k", s2, l2, [p.b, p.hkv, p.sk, p.d])?;
         let v = to_f32("v", s3, l3, [p.b, p.hkv, p.sk, p.d])?;
-        let out = cpu::run(self.cpu_path, p, &self.cfg, self.softmax_scale, &q, &k, &v)?;
+        let x = cpu::Inputs {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let out = cpu::run(self.cpu_path, p, &self.cfg, self.softmax_scale, x)?;
         self.stats
             .rollbacks
             .fetch_add(out.rollbacks, Ordering::Relaxed);

@@ -20,6 +20,14 @@ pub enum CpuPath {
     Reference,
 }
 
+/// The f32 input values of one call, laid out as the tensors.
+#[derive(Clone, Copy)]
+pub(crate) struct Inputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
+
 /// O `[rows·d]`, LSE `[rows]`, and counters.
 pub(crate) struct RunOutput {
     pub o: Vec<f32>,
@@ -53,18 +61,16 @@ fn run_algo<A: SoftmaxAlgo>(
     p: &Problem,
     cfg: &AttentionConfig,
     softmax_scale: f32,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    x: Inputs,
 ) -> Result<RunOutput> {
     let prep = algo.score_prep(softmax_scale);
     match path {
         CpuPath::Tiled => {
-            let ops = operands::prepare(p, cfg, prep, q, k, v);
+            let ops = operands::prepare(p, cfg, prep, x);
             tiled::run(algo, p, prep, &ops)
         }
         CpuPath::Reference => {
-            let ops = reference::prepare(p, cfg, prep, q, k, v)?;
+            let ops = reference::prepare(p, cfg, prep, x)?;
             reference::run(algo, p, prep, &ops)
         }
     }
@@ -76,17 +82,15 @@ pub(crate) fn run(
     p: &Problem,
     cfg: &AttentionConfig,
     softmax_scale: f32,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    x: Inputs,
 ) -> Result<RunOutput> {
     match &cfg.algorithm {
-        Algorithm::Exact => run_algo(&softmax::Exact, path, p, cfg, softmax_scale, q, k, v),
+        Algorithm::Exact => run_algo(&softmax::Exact, path, p, cfg, softmax_scale, x),
         Algorithm::ExpThenQuantize => {
             let a = softmax::ExpThenQuantize {
                 p_format: cfg.p_format,
             };
-            run_algo(&a, path, p, cfg, softmax_scale, q, k, v)
+            run_algo(&a, path, p, cfg, softmax_scale, x)
         }
     }
 }

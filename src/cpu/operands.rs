@@ -1,6 +1,7 @@
 //! Operand preparation for the tiled CPU path: Q/K/V as the values their formats
 //! represent ("fake quantization"), in f32, laid out like the inputs.
 
+use super::Inputs;
 use crate::attention::config::{AttentionConfig, OperandFormat};
 use crate::attention::hadamard::hadamard_rotate;
 use crate::attention::problem::Problem;
@@ -86,17 +87,10 @@ fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat) -> Vec<f32> {
     out
 }
 
-pub(crate) fn prepare(
-    p: &Problem,
-    cfg: &AttentionConfig,
-    prep: ScorePrep,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-) -> Operands {
+pub(crate) fn prepare(p: &Problem, cfg: &AttentionConfig, prep: ScorePrep, x: Inputs) -> Operands {
     Operands {
-        q: prepare_qk(q, p.d, prep.q_scale, prep.hadamard, cfg.qk_format),
-        k: prepare_qk(k, p.d, 1.0, prep.hadamard, cfg.qk_format),
-        v: prepare_v(p, v, cfg.v_format),
+        q: prepare_qk(x.q, p.d, prep.q_scale, prep.hadamard, cfg.qk_format),
+        k: prepare_qk(x.k, p.d, 1.0, prep.hadamard, cfg.qk_format),
+        v: prepare_v(p, x.v, cfg.v_format),
     }
 }

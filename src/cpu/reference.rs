@@ -7,7 +7,7 @@
 
 use super::dot::{axpy, dot};
 use super::operands::Operands;
-use super::RunOutput;
+use super::{Inputs, RunOutput};
 use crate::attention::config::{AttentionConfig, OperandFormat, KV_TILE};
 use crate::attention::hadamard::hadamard_rotate;
 use crate::attention::problem::Problem;
@@ -83,12 +83,10 @@ pub(crate) fn prepare(
     p: &Problem,
     cfg: &AttentionConfig,
     prep: ScorePrep,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    x: Inputs,
 ) -> Result<Operands> {
-    let mut q = q.to_vec();
-    let mut k = k.to_vec();
+    let mut q = x.q.to_vec();
+    let mut k = x.k.to_vec();
     for row in q.chunks_mut(p.d) {
         for x in row.iter_mut() {
             if prep.q_scale != 1.0 {
@@ -105,7 +103,7 @@ pub(crate) fn prepare(
     Ok(Operands {
         q: round_qk(q, p, p.hq, p.sq, cfg.qk_format)?,
         k: round_qk(k, p, p.hkv, p.sk, cfg.qk_format)?,
-        v: round_v(v, p, cfg.v_format)?,
+        v: round_v(x.v, p, cfg.v_format)?,
     })
 }
 
@@ -135,14 +133,14 @@ pub(crate) fn run<A: SoftmaxAlgo>(
                 let mut o = vec![0f32; d];
                 for t0 in (0..n_vis).step_by(KV_TILE) {
                     let tl = KV_TILE.min(p.sk - t0);
-                    for j in 0..tl {
-                        s[j] = if t0 + j < n_vis {
+                    for (j, sj) in s[..tl].iter_mut().enumerate() {
+                        *sj = if t0 + j < n_vis {
                             let kj = &ops.k[p.kv_index(b, kvh, t0 + j)..][..d];
                             dot(qi, kj) * prep.score_scale
                         } else {
                             f32::NEG_INFINITY
                         };
-                        if s[j].is_nan() || s[j] == f32::INFINITY {
+                        if sj.is_nan() || *sj == f32::INFINITY {
                             bail!("attention: score overflows f32 at batch {b}, head {h}, query {i}, key {}", t0 + j);
                         }
                     }
@@ -151,9 +149,9 @@ pub(crate) fn run<A: SoftmaxAlgo>(
                     if alpha != 1.0 {
                         o.iter_mut().for_each(|x| *x *= alpha);
                     }
-                    for j in 0..tl {
-                        if pr[j] != 0.0 {
-                            axpy(pr[j], &ops.v[p.kv_index(b, kvh, t0 + j)..][..d], &mut o);
+                    for (j, &pj) in pr[..tl].iter().enumerate() {
+                        if pj != 0.0 {
+                            axpy(pj, &ops.v[p.kv_index(b, kvh, t0 + j)..][..d], &mut o);
                         }
                     }
                 }

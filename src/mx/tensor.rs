@@ -143,7 +143,7 @@ pub fn quantize(
         );
     }
     let g = pack_granule(fmt.bits());
-    if block == 0 || block % g != 0 {
+    if block == 0 || !block.is_multiple_of(g) {
         bail!(
             "mx::quantize: block size {block} invalid for {fmt} ({}-bit codes need a positive multiple of {g})",
             fmt.bits()
