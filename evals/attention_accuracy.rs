@@ -7,9 +7,15 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::attention::{attention, AttentionConfig, OperandFormat, ProbFormat};
+use mxattn::attention::{
+    attention_ext, AttentionConfig, FusedProbs, FusedSoftmaxConfig, OperandFormat, ProbFormat,
+    RunOptions,
+};
 use mxattn::mx::{ElemFormat, ScaleMode};
-use mxattn::oracle::{exact_attention_f64, mean_max, row_relative_errors, OracleMask};
+use mxattn::oracle::{
+    exact_attention_f64, mean_max, row_relative_differences, row_relative_errors, OracleMask,
+    OracleOutput,
+};
 use mxattn::synth::{self, Distribution, Shape};
 use serde::Serialize;
 use std::time::Instant;
@@ -64,6 +70,13 @@ struct Args {
     /// Only variants whose name contains this.
     #[arg(long)]
     filter: Option<String>,
+    /// Tables to print: `main` (every algorithm and format) and `fused` (Fused-Softmax
+    /// against its operand floor, per Q/K format).
+    #[arg(long, value_delimiter = ',', default_value = "main,fused")]
+    tables: Vec<String>,
+    /// Fused-Softmax without the Hadamard rotation of Q and K.
+    #[arg(long)]
+    no_hadamard: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -134,6 +147,48 @@ struct Row {
     seconds: f64,
 }
 
+/// One line of the Fused-Softmax table: a Q/K format on one distribution.
+#[derive(Serialize)]
+struct FusedRow {
+    distribution: String,
+    qk: String,
+    /// exact softmax on the same quantized operands vs f64 exact
+    floor_mean: f64,
+    floor_max: f64,
+    /// full algorithm vs f64 exact
+    u8_mean: f64,
+    fp32_mean: f64,
+    /// full algorithm vs the floor's output
+    u8_added_mean: f64,
+    u8_added_max: f64,
+    fp32_added_mean: f64,
+    fp32_added_max: f64,
+    u8_rollbacks: u64,
+    fp32_rollbacks: u64,
+}
+
+struct Run {
+    o: Vec<f32>,
+    rollbacks: u64,
+    seconds: f64,
+}
+
+fn run(inp: &synth::Inputs, cfg: &AttentionConfig, what: &str) -> Result<Run> {
+    let t0 = Instant::now();
+    let r = attention_ext(&inp.q, &inp.k, &inp.v, cfg, &RunOptions::default())
+        .with_context(|| what.to_string())?;
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(Run {
+        o: r.out.flatten_all()?.to_vec1::<f32>()?,
+        rollbacks: r.stats.rollbacks,
+        seconds,
+    })
+}
+
+fn errors(o: &[f32], reference: &OracleOutput) -> (f64, f64) {
+    mean_max(&row_relative_errors(o, reference))
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     let qk: Vec<ElemFormat> =
@@ -160,13 +215,26 @@ fn main() -> Result<()> {
             shape.hkv
         );
     }
-    let mut vars = variants(&qk);
+    let main_table = a.tables.iter().any(|t| t == "main");
+    let fused_table = a.tables.iter().any(|t| t == "fused");
+    let mut vars = if main_table { variants(&qk) } else { vec![] };
     if let Some(f) = &a.filter {
         vars.retain(|v| v.name.contains(f.as_str()));
     }
     for v in &mut vars {
         v.cfg.causal = a.causal;
     }
+    let fused_cfg = |qkf: ElemFormat, probs: FusedProbs| {
+        AttentionConfig::fused_softmax(
+            qkf,
+            OperandFormat::fp8_per_channel(),
+            FusedSoftmaxConfig {
+                probs,
+                hadamard: !a.no_hadamard,
+            },
+        )
+        .with_causal(a.causal)
+    };
     println!(
         "# attention_accuracy: shape (b, hq/hkv, sq x sk, d) = {shape}, causal {}, seed {} (+ distribution index), \
          KV tile 128, MX block 32",
@@ -175,11 +243,13 @@ fn main() -> Result<()> {
     println!(
         "relative output error ||o - ref|| / ||ref|| per row against float64 exact attention\n"
     );
-    let pb = ProgressBar::new((dists.len() * (vars.len() + 1)) as u64);
+    let per_dist = 1 + vars.len() + if fused_table { 3 * qk.len() } else { 0 };
+    let pb = ProgressBar::new((dists.len() * per_dist) as u64);
     pb.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]").unwrap(),
     );
     let mut rows = vec![];
+    let mut frows = vec![];
     for (di, dist) in dists.iter().enumerate() {
         pb.set_message(format!("{dist}: f64 reference"));
         let inp = synth::make(*dist, shape, a.seed + di as u64)?;
@@ -191,34 +261,95 @@ fn main() -> Result<()> {
         pb.inc(1);
         for v in &vars {
             pb.set_message(format!("{dist}: {}", v.name));
-            let t0 = Instant::now();
-            let o = attention(&inp.q, &inp.k, &inp.v, &v.cfg)
-                .with_context(|| format!("{} on {dist}", v.name))?;
-            let secs = t0.elapsed().as_secs_f64();
-            let o = o.flatten_all()?.to_vec1::<f32>()?;
-            let (mean, max) = mean_max(&row_relative_errors(&o, &reference));
+            let r = run(&inp, &v.cfg, &format!("{} on {dist}", v.name))?;
+            let (mean, max) = errors(&r.o, &reference);
             rows.push(Row {
                 distribution: dist.to_string(),
                 variant: v.name.clone(),
                 config: v.cfg.label(),
                 o_err_mean: mean,
                 o_err_max: max,
-                seconds: secs,
+                seconds: r.seconds,
             });
             pb.inc(1);
         }
+        if !fused_table {
+            continue;
+        }
+        for &f in &qk {
+            pb.set_message(format!("{dist}: fused-softmax {f}"));
+            let floor = run(&inp, &fused_cfg(f, FusedProbs::ExactF32), "floor")?;
+            pb.inc(1);
+            let u8r = run(&inp, &fused_cfg(f, FusedProbs::U8Code), "fused u8")?;
+            pb.inc(1);
+            let f32r = run(&inp, &fused_cfg(f, FusedProbs::Fp32Bits), "fused fp32")?;
+            pb.inc(1);
+            let (floor_mean, floor_max) = errors(&floor.o, &reference);
+            let (u8a_mean, u8a_max) =
+                mean_max(&row_relative_differences(&u8r.o, &floor.o, shape.d));
+            let (f32a_mean, f32a_max) =
+                mean_max(&row_relative_differences(&f32r.o, &floor.o, shape.d));
+            frows.push(FusedRow {
+                distribution: dist.to_string(),
+                qk: format!("{}-{}", f.mx_name(), f),
+                floor_mean,
+                floor_max,
+                u8_mean: errors(&u8r.o, &reference).0,
+                fp32_mean: errors(&f32r.o, &reference).0,
+                u8_added_mean: u8a_mean,
+                u8_added_max: u8a_max,
+                fp32_added_mean: f32a_mean,
+                fp32_added_max: f32a_max,
+                u8_rollbacks: u8r.rollbacks,
+                fp32_rollbacks: f32r.rollbacks,
+            });
+        }
     }
     pb.finish_and_clear();
-    println!("| distribution | variant | O err mean | O err max |");
-    println!("|---|---|---|---|");
-    for r in &rows {
+    if main_table {
+        println!("| distribution | variant | O err mean | O err max |");
+        println!("|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {} | {:.4} | {:.4} |",
+                r.distribution, r.variant, r.o_err_mean, r.o_err_max
+            );
+        }
+    }
+    if fused_table {
         println!(
-            "| {} | {} | {:.4} | {:.4} |",
-            r.distribution, r.variant, r.o_err_mean, r.o_err_max
+            "\n## Fused-Softmax against its operand floor (V: FP8 E4M3 per channel; Hadamard {})\n",
+            if a.no_hadamard { "off" } else { "on" }
         );
+        println!("floor = exact softmax on the same quantized Q, K, V; added = ||o_fused - o_floor|| / ||o_floor||;");
+        println!("the paper's claim holds where added < floor (means over rows).\n");
+        println!("| distribution | Q/K | floor mean | floor max | u8 total | u8 added mean | u8 added max | claim u8 | fp32 total | fp32 added mean | fp32 added max | claim fp32 | rollbacks u8/fp32 |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for r in &frows {
+            let yes = |x: f64| if x < r.floor_mean { "holds" } else { "FAILS" };
+            println!(
+                "| {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {} | {:.4} | {:.4} | {:.4} | {} | {}/{} |",
+                r.distribution,
+                r.qk,
+                r.floor_mean,
+                r.floor_max,
+                r.u8_mean,
+                r.u8_added_mean,
+                r.u8_added_max,
+                yes(r.u8_added_mean),
+                r.fp32_mean,
+                r.fp32_added_mean,
+                r.fp32_added_max,
+                yes(r.fp32_added_mean),
+                r.u8_rollbacks,
+                r.fp32_rollbacks
+            );
+        }
     }
     if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&rows)?)
+        let doc = serde_json::json!({ "shape": shape.to_string(), "seed": a.seed, "causal": a.causal,
+            "hadamard": !a.no_hadamard, "rows": rows, "fused": frows });
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());
     }

@@ -112,6 +112,17 @@ pub fn row_relative_errors(o: &[f32], reference: &OracleOutput) -> Vec<f64> {
         .collect()
 }
 
+/// Per-row relative differences ‖a − b‖ / ‖b‖ of two f32 outputs with rows of `d`
+/// (rows with ‖b‖ = 0 are skipped): e.g. the error an algorithm adds to its floor.
+pub fn row_relative_differences(a: &[f32], b: &[f32], d: usize) -> Vec<f64> {
+    let r = OracleOutput {
+        o: b.iter().map(|x| *x as f64).collect(),
+        lse: vec![],
+        d,
+    };
+    row_relative_errors(a, &r)
+}
+
 /// (mean, max) of a slice; (0, 0) when empty.
 pub fn mean_max(e: &[f64]) -> (f64, f64) {
     if e.is_empty() {

@@ -19,6 +19,10 @@ pub enum Algorithm {
     /// f32 per tile, then P quantized to [`AttentionConfig::p_format`] (32-key MX blocks
     /// or FP8), the same decoded P feeding `P·V` and the row sum.
     ExpThenQuantize,
+    /// Fused-Softmax (AMD): scale·log2(e) folded into Q, scores biased so the QK
+    /// accumulator *is* the FP8 code of P, a max frozen after the first KV tile with a
+    /// rollback when a tile exceeds the code range, L summed from the same P.
+    FusedSoftmax(FusedSoftmaxConfig),
 }
 
 impl Algorithm {
@@ -26,6 +30,50 @@ impl Algorithm {
         match self {
             Self::Exact => "exact",
             Self::ExpThenQuantize => "exp-then-quantize",
+            Self::FusedSoftmax(c) => match c.probs {
+                FusedProbs::U8Code => "fused-softmax/u8",
+                FusedProbs::Fp32Bits => "fused-softmax/fp32",
+                FusedProbs::ExactE4M3 => "fused-softmax/exp2-e4m3",
+                FusedProbs::ExactF32 => "fused-softmax/floor",
+            },
+        }
+    }
+}
+
+/// How Fused-Softmax produces P from the biased QK accumulator (fused_softmax.md §2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FusedProbs {
+    /// `A = 8·(s − m) + 55.536`, P = E4M3 code `clamp(RNE(A), 0, 126)`: one round-and-
+    /// saturate per score (AMD's MX kernels). Below code 8 the codes are E4M3 subnormals,
+    /// linear rather than exponential, and scores more than ≈6.9 log2 units under the max
+    /// flush to 0.
+    #[default]
+    U8Code,
+    /// `A = 2^23·(s − m) + OFF`, P = E4M3(bitcast_f32(u32(A))): the f32 bit pattern of
+    /// ≈2^(s−m), rounded to E4M3 (AMD's FP8 kernels); keeps the low tail to 2^-9.
+    Fp32Bits,
+    /// `P = E4M3(exp2(s − m))` with the same folded, rotated, quantized operands and the
+    /// same frozen max and rollback: isolates what the exp-free code generation adds.
+    ExactE4M3,
+    /// `P = exp2(s − m)` in f32 with FlashAttention's running max, on the same operands:
+    /// the *operand floor* of Fused-Softmax (exact softmax of the quantized Q, K, V).
+    ExactF32,
+}
+
+/// Options of [`Algorithm::FusedSoftmax`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedSoftmaxConfig {
+    pub probs: FusedProbs,
+    /// Rotate Q and K by the normalized Hadamard along d before quantizing (AMD's
+    /// kernels do; needs a power-of-two head dim).
+    pub hadamard: bool,
+}
+
+impl Default for FusedSoftmaxConfig {
+    fn default() -> Self {
+        Self {
+            probs: FusedProbs::U8Code,
+            hadamard: true,
         }
     }
 }
@@ -217,6 +265,18 @@ impl AttentionConfig {
         self
     }
 
+    /// Fused-Softmax with AMD's Q/K rule for `qk` (MX blocks of 32 along d, the scale
+    /// rule of [`fused_qk_format`]) and the given V format; P stays E4M3.
+    pub fn fused_softmax(qk: ElemFormat, v: OperandFormat, fused: FusedSoftmaxConfig) -> Self {
+        Self {
+            algorithm: Algorithm::FusedSoftmax(fused),
+            qk_format: fused_qk_format(qk),
+            v_format: v,
+            p_format: ProbFormat::F32,
+            ..Self::exact()
+        }
+    }
+
     /// A short label such as `exp-then-quantize qk=MXFP4-E2M1 v=E4M3/channel p=MXFP4-E2M1/floor`.
     pub fn label(&self) -> String {
         format!(
@@ -226,5 +286,22 @@ impl AttentionConfig {
             self.v_format,
             self.p_format
         )
+    }
+}
+
+/// AMD aiter's Q/K quantization for Fused-Softmax (`mha_v4_quant.cu`): MX blocks of 32 along
+/// d with the scale rule per element: E2M1 `⌈log2(amax/6)⌉` ([`ScaleMode::Rceil`]), E2M3
+/// and E3M2 `⌊log2 amax⌋ − emax` ([`ScaleMode::Floor`]), E4M3 the round-up rule
+/// ([`ScaleMode::RoundUp`]).
+pub fn fused_qk_format(elem: ElemFormat) -> OperandFormat {
+    let scale = match elem {
+        ElemFormat::E2M1 => ScaleMode::Rceil,
+        ElemFormat::E4M3 | ElemFormat::E5M2 => ScaleMode::RoundUp,
+        ElemFormat::E2M3 | ElemFormat::E3M2 => ScaleMode::Floor,
+    };
+    OperandFormat::Mx {
+        elem,
+        scale,
+        block: DEFAULT_BLOCK,
     }
 }

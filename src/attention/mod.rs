@@ -34,7 +34,10 @@ pub(crate) mod problem;
 pub(crate) mod softmax;
 
 pub use crate::cpu::CpuPath;
-pub use config::{Algorithm, AttentionConfig, OperandFormat, ProbFormat, KV_TILE};
+pub use config::{
+    fused_qk_format, Algorithm, AttentionConfig, FusedProbs, FusedSoftmaxConfig, OperandFormat,
+    ProbFormat, KV_TILE,
+};
 
 use crate::mx::pack::pack_granule;
 use candle_core::{bail, DType, Result, Tensor};
@@ -172,6 +175,47 @@ fn check_operand_format(name: &str, f: OperandFormat, d: usize, is_v: bool) -> R
     }
 }
 
+/// The formats Fused-Softmax defines (AMD's aiter `mha_v4` rows, plus native/bf16 for
+/// studying the softmax alone).
+fn check_fused(f: &FusedSoftmaxConfig, cfg: &AttentionConfig, d: usize) -> Result<()> {
+    use crate::mx::ElemFormat::*;
+    let qk_ok = match cfg.qk_format {
+        OperandFormat::Native | OperandFormat::Bf16 => true,
+        OperandFormat::Mx { elem, .. } => matches!(elem, E4M3 | E2M3 | E3M2 | E2M1),
+        OperandFormat::PerChannel { .. } => false,
+    };
+    if !qk_ok {
+        bail!(
+            "attention: Fused-Softmax does not define Q/K format {}; supported: MXFP8 E4M3, MXFP6 E2M3/E3M2,              MXFP4 E2M1 (or native/bf16)",
+            cfg.qk_format
+        );
+    }
+    let v_ok = match cfg.v_format {
+        OperandFormat::Native | OperandFormat::Bf16 => true,
+        OperandFormat::PerChannel { elem } => elem == E4M3,
+        OperandFormat::Mx { elem, .. } => matches!(elem, E4M3 | E2M3 | E3M2 | E2M1),
+    };
+    if !v_ok {
+        bail!(
+            "attention: Fused-Softmax does not define V format {}; supported: FP8 E4M3 per channel, MXFP8/MXFP6/MXFP4              along keys (or native/bf16)",
+            cfg.v_format
+        );
+    }
+    match cfg.p_format {
+        ProbFormat::F32 => {}
+        ProbFormat::Mx { elem, .. } if matches!(elem, E2M3 | E3M2 | E2M1) => {}
+        p => bail!(
+            "attention: Fused-Softmax makes P as FP8 E4M3 codes; p_format must be F32 (keep them) or an MXFP6/MXFP4              re-quantization, got {p}"
+        ),
+    }
+    if f.hadamard && !d.is_power_of_two() {
+        bail!(
+            "attention: the Hadamard rotation of Fused-Softmax needs a power-of-two head dim (e.g. 64, 128, 256),              got {d}; set hadamard: false"
+        );
+    }
+    Ok(())
+}
+
 /// Shapes, dtypes, devices and config checked; the call's geometry.
 fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result<Problem> {
     for (n, t) in [("q", q), ("k", k), ("v", v)] {
@@ -242,6 +286,9 @@ fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result
     }
     check_operand_format("Q/K", cfg.qk_format, d, false)?;
     check_operand_format("V", cfg.v_format, d, true)?;
+    if let Algorithm::FusedSoftmax(f) = &cfg.algorithm {
+        check_fused(f, cfg, d)?;
+    }
     match (&cfg.algorithm, cfg.p_format) {
         (Algorithm::Exact, p) if p != ProbFormat::F32 => {
             bail!("attention: the exact algorithm keeps P in f32 (got p format {p}); use ExpThenQuantize")

@@ -92,5 +92,9 @@ pub(crate) fn run(
             };
             run_algo(&a, path, p, cfg, softmax_scale, x)
         }
+        Algorithm::FusedSoftmax(f) => {
+            let a = softmax::FusedSoftmax::new(*f, cfg.p_format);
+            run_algo(&a, path, p, cfg, softmax_scale, x)
+        }
     }
 }

@@ -25,9 +25,13 @@ pub enum ScaleMode {
     /// `⌈log2(amax / max_normal)⌉`: the smallest scale that never clips (cuBLAS, Blackwell
     /// `cvt.rp.ue8m0`).
     Rceil,
+    /// AMD aiter's MXFP8 rule: the exponent of amax, rounded up when amax's mantissa is
+    /// ≥ 0.75, minus emax. For E4M3 it never clips (block max in [224, 448)).
+    RoundUp,
 }
 
 impl ScaleMode {
+    /// The four rules of OCP / torchao (checked against the numpy reference).
     pub const ALL: [ScaleMode; 4] = [Self::Floor, Self::Ceil, Self::Even, Self::Rceil];
 
     /// Shared exponent for a block of `fmt` elements with absolute maximum `amax`
@@ -58,6 +62,7 @@ impl ScaleMode {
                 }
                 e
             }
+            Self::RoundUp => fl + (mantissa_fraction_bits(amax) >= 3 << 21) as i32 - fmt.emax(),
         };
         e.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
     }
@@ -68,6 +73,7 @@ impl ScaleMode {
             Self::Ceil => "ceil",
             Self::Even => "even",
             Self::Rceil => "rceil",
+            Self::RoundUp => "roundup",
         }
     }
 }
@@ -86,8 +92,9 @@ impl FromStr for ScaleMode {
             "ceil" => Ok(Self::Ceil),
             "even" => Ok(Self::Even),
             "rceil" => Ok(Self::Rceil),
+            "roundup" | "amd" => Ok(Self::RoundUp),
             _ => Err(format!(
-                "unknown scale mode '{s}' (expected floor, ceil, even, rceil)"
+                "unknown scale mode '{s}' (expected floor, ceil, even, rceil, roundup)"
             )),
         }
     }
@@ -154,6 +161,12 @@ mod tests {
         assert_eq!(ScaleMode::Floor.shared_exp(300.0, E4M3), 0);
         assert_eq!(ScaleMode::Rceil.shared_exp(500.0, E4M3), 1);
         assert_eq!(ScaleMode::Floor.shared_exp(500.0, E4M3), 0);
+        // RoundUp (aiter MXFP8): 1.75·2^8 = 448 has mantissa 0.75 -> rounds up to 2^9 -> 1;
+        // 447 stays at 2^8 -> 0 and scales to 447 ≤ 448 (no clip).
+        assert_eq!(ScaleMode::RoundUp.shared_exp(448.0, E4M3), 1);
+        assert_eq!(ScaleMode::RoundUp.shared_exp(447.0, E4M3), 0);
+        assert_eq!(ScaleMode::RoundUp.shared_exp(500.0, E4M3), 1);
+        assert_eq!(ScaleMode::RoundUp.shared_exp(1.5, E2M1), -2);
         // clamps and zero
         assert_eq!(ScaleMode::Floor.shared_exp(0.0, E2M1), -127);
         assert_eq!(ScaleMode::Floor.shared_exp(f32::MAX, E2M1), 125);

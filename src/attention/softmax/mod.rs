@@ -13,9 +13,11 @@
 
 mod exact;
 mod exp_then_quantize;
+pub mod fused;
 
 pub(crate) use exact::Exact;
-pub(crate) use exp_then_quantize::ExpThenQuantize;
+pub(crate) use exp_then_quantize::{quantize_probs, ExpThenQuantize};
+pub(crate) use fused::FusedSoftmax;
 
 /// How the scores are formed for an algorithm: Q is multiplied by `q_scale` (and rotated
 /// by a normalized Hadamard if `hadamard`) before it is quantized, and the raw dot
