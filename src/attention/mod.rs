@@ -203,7 +203,7 @@ fn check_fused(f: &FusedSoftmaxConfig, cfg: &AttentionConfig, d: usize) -> Resul
     }
     match cfg.p_format {
         ProbFormat::F32 => {}
-        ProbFormat::Mx { elem, .. } if matches!(elem, E2M3 | E3M2 | E2M1) => {}
+        ProbFormat::Mx { elem: E2M3 | E3M2 | E2M1, .. } => {}
         p => bail!(
             "attention: Fused-Softmax makes P as FP8 E4M3 codes; p_format must be F32 (keep them) or an MXFP6/MXFP4              re-quantization, got {p}"
         ),

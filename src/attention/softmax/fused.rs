@@ -27,7 +27,8 @@ use std::sync::OnceLock;
 
 /// u8-code variant: `A = 8·(s − m) + OFF_U8` is the E4M3 code of ≈2^(s − m).
 pub const G_U8: f32 = 8.0;
-pub const OFF_U8: f32 = 55.536_132_812_5;
+/// 55.5361328125, the constant s91 (0x425e2500) of the shipped gfx950 kernels.
+pub const OFF_U8: f32 = f32::from_bits(0x425e_2500);
 pub const THR_U8: f32 = 126.5;
 /// fp32-bits variant: `A = 2^23·(s − m) + OFF_F32` is the f32 bit pattern of ≈2^(s − m).
 pub const G_F32: f32 = 8_388_608.0;
