@@ -8,7 +8,8 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 use clap::Parser;
 use mxattn::attention::{
-    attention_ext, AttentionConfig, CpuPath, OperandFormat, ProbFormat, RunOptions,
+    attention_ext, AttentionConfig, CpuPath, FusedProbs, FusedSoftmaxConfig, OperandFormat,
+    ProbFormat, RunOptions,
 };
 use mxattn::mx::ElemFormat;
 use mxattn::synth::{self, Distribution, Shape};
@@ -144,21 +145,41 @@ fn main() -> Result<()> {
         }
         let fp4 = OperandFormat::mx(E2M1);
         let fp8v = OperandFormat::fp8_per_channel();
+        let e4m3p = ProbFormat::Fp8 { elem: E4M3 };
+        let fused = |qk: ElemFormat, probs: FusedProbs| {
+            AttentionConfig::fused_softmax(
+                qk,
+                fp8v,
+                FusedSoftmaxConfig {
+                    probs,
+                    hadamard: true,
+                },
+            )
+        };
         let mut entries: Vec<(String, AttentionConfig)> = vec![
             ("mxattn exact".into(), AttentionConfig::exact()),
             (
                 "mxattn exp->MXFP4 P, MXFP4 QK, FP8 V".into(),
                 AttentionConfig::exp_then_quantize(fp4, fp8v, ProbFormat::mx(E2M1)),
             ),
-            (
-                "mxattn exp->E4M3 P, MXFP8 QK, FP8 V".into(),
-                AttentionConfig::exp_then_quantize(
-                    OperandFormat::mx(E4M3),
-                    fp8v,
-                    ProbFormat::Fp8 { elem: E4M3 },
-                ),
-            ),
         ];
+        // Fused-Softmax next to exp-then-quantize with the same formats (E4M3 P)
+        for qk in [E4M3, E2M1] {
+            let qkf = mxattn::attention::fused_qk_format(qk);
+            let tag = format!("{} QK, FP8 V, E4M3 P", qk.mx_name());
+            entries.push((
+                format!("mxattn exp-then-quantize, {tag}"),
+                AttentionConfig::exp_then_quantize(qkf, fp8v, e4m3p),
+            ));
+            entries.push((
+                format!("mxattn fused-softmax u8, {tag}"),
+                fused(qk, FusedProbs::U8Code),
+            ));
+            entries.push((
+                format!("mxattn fused-softmax fp32, {tag}"),
+                fused(qk, FusedProbs::Fp32Bits),
+            ));
+        }
         for (_, c) in entries.iter_mut() {
             c.causal = causal;
         }

@@ -30,9 +30,12 @@ pub fn quantize_block(x: &[f32], fmt: ElemFormat, mode: ScaleMode, codes: &mut [
         return E8M0_NAN;
     }
     let e = mode.shared_exp(amax, fmt);
-    let inv = pow2_f64(-e);
+    // x / 2^e in f32 is exact wherever it can round to a non-zero code (a result below
+    // 2^-126 is under half of every format's smallest subnormal), so one f32 product and
+    // one element rounding reproduce the exact-arithmetic definition.
+    let inv = pow2_f64(-e) as f32;
     for (c, &v) in codes.iter_mut().zip(x) {
-        *c = fmt.encode_f64(v as f64 * inv);
+        *c = fmt.encode(v * inv);
     }
     (e + 127) as u8
 }
@@ -42,8 +45,8 @@ pub fn dequantize_block(codes: &[u8], scale: u8, fmt: ElemFormat, out: &mut [f32
     debug_assert_eq!(codes.len(), out.len());
     let s = e8m0_decode(scale);
     for (o, &c) in out.iter_mut().zip(codes) {
-        // f64 product: 2^-127 · code value is exact in f64, then rounds once to f32.
-        *o = (fmt.decode(c) as f64 * s as f64) as f32;
+        // one f32 product of two f32 values is the exact product rounded once
+        *o = fmt.decode(c) * s;
     }
 }
 

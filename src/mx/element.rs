@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 /// An OCP element format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,8 +116,39 @@ impl ElemFormat {
     }
 
     /// Round `x` to this format (RNE, saturating) and return its code in the low `bits()` bits.
+    ///
+    /// Works on the f32 bits directly (the hot path of every quantizer); equal to
+    /// [`Self::encode_f64`] of the same value, which the golden tests check both of.
+    #[inline]
     pub fn encode(self, x: f32) -> u8 {
-        self.encode_f64(x as f64)
+        let sign = if x.is_sign_negative() {
+            self.sign_bit()
+        } else {
+            0
+        };
+        let a = x.abs();
+        if !(a < self.max_normal()) {
+            // NaN, Inf and saturation share the slow path's rules
+            return self.encode_f64(x as f64);
+        }
+        let m = self.mbits();
+        let emin = self.emin();
+        let b = a.to_bits();
+        let e = (b >> 23) as i32 - 127;
+        if e < emin {
+            // a target subnormal (or zero): q = a / 2^(emin - m), exact, then RNE
+            let q = (a * pow2_f64(m as i32 - emin) as f32).round_ties_even();
+            return sign | q as u8;
+        }
+        // normal: keep m mantissa bits, round the rest to nearest even; a carry moves
+        // into the exponent field by itself
+        let shift = 23 - m;
+        let keep = (b & 0x7F_FFFF) >> shift;
+        let rem = b & ((1 << shift) - 1);
+        let half = 1 << (shift - 1);
+        let up = (rem > half || (rem == half && keep & 1 == 1)) as u32;
+        let code = ((((e - emin + 1) as u32) << m) | keep) + up;
+        sign | code.min(self.max_code() as u32) as u8
     }
 
     /// As [`Self::encode`] for an f64 input. `x / 2^k` computed in f64 is exact, so MX
@@ -167,8 +199,17 @@ impl ElemFormat {
         code.min(self.max_code() as i64) as u8
     }
 
-    /// Value of a code (only the low `bits()` bits are read).
+    /// Value of a code (only the low `bits()` bits are read), from a table.
+    #[inline]
     pub fn decode(self, code: u8) -> f32 {
+        static TABLES: OnceLock<[[f32; 256]; 5]> = OnceLock::new();
+        let t = TABLES
+            .get_or_init(|| ALL_FORMATS.map(|f| std::array::from_fn(|c| f.decode_bits(c as u8))));
+        t[self as usize][code as usize]
+    }
+
+    /// Value of a code computed from its fields (builds the tables).
+    fn decode_bits(self, code: u8) -> f32 {
         let code = code & ((1u16 << self.bits()) - 1) as u8;
         let neg = code & self.sign_bit() != 0;
         let mag = code & !self.sign_bit();
@@ -201,11 +242,7 @@ impl ElemFormat {
 
     /// A 256-entry decode table (codes beyond `bits()` repeat the low bits).
     pub fn decode_table(self) -> [f32; 256] {
-        let mut t = [0f32; 256];
-        for (c, v) in t.iter_mut().enumerate() {
-            *v = self.decode(c as u8);
-        }
-        t
+        std::array::from_fn(|c| self.decode(c as u8))
     }
 
     pub fn name(self) -> &'static str {
@@ -299,6 +336,30 @@ mod tests {
         ];
         for (x, c) in ties {
             assert_eq!(ElemFormat::E2M1.encode(x), c, "{x}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod fast_path_tests {
+    use super::*;
+
+    /// The f32 bit path against the f64 path: every f32 with a mantissa stride of 97 over
+    /// the whole exponent range (≈ 2.2·10^7 values a format), both signs.
+    #[test]
+    fn f32_and_f64_encoders_agree() {
+        for f in ALL_FORMATS {
+            let mut n = 0u64;
+            let mut bits = 0u32;
+            while bits < 0x7F80_0000 {
+                for s in [0u32, 0x8000_0000] {
+                    let x = f32::from_bits(bits | s);
+                    assert_eq!(f.encode(x), f.encode_f64(x as f64), "{f} {x:e}");
+                }
+                n += 1;
+                bits += 97;
+            }
+            assert!(n > 20_000_000);
         }
     }
 }

@@ -23,7 +23,6 @@ use super::{ScorePrep, SoftmaxAlgo};
 use crate::attention::config::{FusedProbs, FusedSoftmaxConfig, ProbFormat};
 use crate::attention::softmax::quantize_probs;
 use crate::mx::ElemFormat;
-use std::sync::OnceLock;
 
 /// u8-code variant: `A = 8·(s − m) + OFF_U8` is the E4M3 code of ≈2^(s − m).
 pub const G_U8: f32 = 8.0;
@@ -49,11 +48,6 @@ pub(crate) struct FusedSoftmax {
     g: f32,
     off: f32,
     thr: f32,
-}
-
-fn e4m3_table() -> &'static [f32; 256] {
-    static T: OnceLock<[f32; 256]> = OnceLock::new();
-    T.get_or_init(|| ElemFormat::E4M3.decode_table())
 }
 
 impl FusedSoftmax {
@@ -82,7 +76,7 @@ impl FusedSoftmax {
                 // v_cvt_pk_u8_f32: round to nearest even, saturate to the byte range;
                 // the rollback keeps A < 126.5, the clamp is the guard against code 127 (NaN).
                 let code = a.round_ties_even().clamp(0.0, 126.0) as u8;
-                e4m3_table()[code as usize]
+                ElemFormat::E4M3.decode(code)
             }
             FusedProbs::Fp32Bits => {
                 // v_cvt_u32_f32 (truncating, saturating), reinterpret, cvt to E4M3 (RNE, sat)
