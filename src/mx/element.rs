@@ -127,7 +127,7 @@ impl ElemFormat {
             0
         };
         let a = x.abs();
-        if !(a < self.max_normal()) {
+        if a.is_nan() || a >= self.max_normal() {
             // NaN, Inf and saturation share the slow path's rules
             return self.encode_f64(x as f64);
         }
