@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use mxattn::attention::{
-    attention_ext, AttentionConfig, FusedProbs, FusedSoftmaxConfig, OperandFormat, ProbFormat,
-    RunOptions,
+    attention_ext, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs, FusedSoftmaxConfig,
+    OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::{ElemFormat, ScaleMode};
 use mxattn::oracle::{
@@ -117,6 +117,36 @@ fn variants(qk: &[ElemFormat]) -> Vec<Variant> {
             cfg: AttentionConfig::exp_then_quantize(n, n, ProbFormat::Fp8 { elem: E4M3 }),
         },
     ];
+    // EFQ (efq §A.4 rows): P from the shifted scores, no exp
+    let ql_tau = (1.25f32.log2() - 6f32.log2() - 1.0) * std::f32::consts::LN_2;
+    let efq_rows = [
+        ("EFQ-MMLU", EfqConfig::new(EfqRule::Mmlu)),
+        ("EFQ-Mean", EfqConfig::new(EfqRule::Mean)),
+        ("EFQ-Balance", EfqConfig::new(EfqRule::Balance)),
+        (
+            "EFQ quasi-log",
+            EfqConfig::new(EfqRule::Custom {
+                tau: ql_tau,
+                h: 2.0 / std::f32::consts::LN_2,
+            }),
+        ),
+        ("EFQ-LUT", EfqConfig::new(EfqRule::Lut)),
+        (
+            "EFQ exact thresholds (floor)",
+            EfqConfig::new(EfqRule::ExactThresholds),
+        ),
+        (
+            "EFQ exact thresholds (rceil)",
+            EfqConfig::new(EfqRule::ExactThresholds).with_scale(EfqScale::Rceil),
+        ),
+        ("EFQ-2piece (floor)", EfqConfig::new(EfqRule::TwoPiece)),
+    ];
+    for (name, e) in efq_rows {
+        v.push(Variant {
+            name: name.into(),
+            cfg: AttentionConfig::efq(e, n, n),
+        });
+    }
     for &f in qk {
         let qkf = OperandFormat::mx(f);
         let vf = OperandFormat::fp8_per_channel();

@@ -163,6 +163,18 @@ fn main() -> Result<()> {
                 AttentionConfig::exp_then_quantize(fp4, fp8v, ProbFormat::mx(E2M1)),
             ),
         ];
+        // EFQ next to exp-then-quantize with MXFP4 P (above), same Q/K and V formats
+        for (n, rule) in [
+            ("EFQ-MMLU", EfqRule::Mmlu),
+            ("EFQ-LUT", EfqRule::Lut),
+            ("EFQ exact thresholds", EfqRule::ExactThresholds),
+            ("EFQ-2piece", EfqRule::TwoPiece),
+        ] {
+            entries.push((
+                format!("mxattn {n}, MXFP4 QK, FP8 V"),
+                AttentionConfig::efq(EfqConfig::new(rule), fp4, fp8v),
+            ));
+        }
         // Fused-Softmax next to exp-then-quantize with the same formats (E4M3 P)
         for qk in [E4M3, E2M1] {
             let qkf = mxattn::attention::fused_qk_format(qk);

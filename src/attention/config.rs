@@ -23,6 +23,9 @@ pub enum Algorithm {
     /// accumulator *is* the FP8 code of P, a max frozen after the first KV tile with a
     /// rollback when a tile exceeds the code range, L summed from the same P.
     FusedSoftmax(FusedSoftmaxConfig),
+    /// EFQ-Softmax: per 32-key block an exponent-only scale from the block max and E2M1
+    /// codes straight from the shifted scores, no exp; everything else FlashAttention.
+    Efq(EfqConfig),
 }
 
 impl Algorithm {
@@ -35,6 +38,15 @@ impl Algorithm {
                 FusedProbs::Fp32Bits => "fused-softmax/fp32",
                 FusedProbs::ExactE4M3 => "fused-softmax/exp2-e4m3",
                 FusedProbs::ExactF32 => "fused-softmax/floor",
+            },
+            Self::Efq(c) => match c.rule {
+                EfqRule::Mmlu => "efq-mmlu",
+                EfqRule::Mean => "efq-mean",
+                EfqRule::Balance => "efq-balance",
+                EfqRule::Custom { .. } => "efq-custom",
+                EfqRule::Lut => "efq-lut",
+                EfqRule::ExactThresholds => "efq-exact",
+                EfqRule::TwoPiece => "efq-2piece",
             },
         }
     }
@@ -58,6 +70,79 @@ pub enum FusedProbs {
     /// `P = exp2(s − m)` in f32 with FlashAttention's running max, on the same operands:
     /// the *operand floor* of Fused-Softmax (exact softmax of the quantized Q, K, V).
     ExactF32,
+}
+
+/// How EFQ maps a shifted score to an E2M1 code.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EfqRule {
+    /// Published point fitted on MMLU (Qwen3-8B): τ = −2.90, h = 2.00.
+    Mmlu,
+    /// Published point fitted on the task mean (Qwen3-8B): τ = −3.06, h = 2.30.
+    Mean,
+    /// Published point fitted on Qwen3-VL: τ = −2.10, h = 2.70.
+    Balance,
+    /// Any (τ, h), natural-log units; h > 0.
+    Custom { tau: f32, h: f32 },
+    /// The paper's LUT ablation: a 16-level uniform index mapped to E2M1 by a table.
+    Lut,
+    /// Compare the shifted score with the 7 log-domain RNE boundaries: with the Floor or
+    /// Rceil scale, bit-identical to exp → MXFP4 with that scale, with no exp.
+    ExactThresholds,
+    /// One affine step for codes ≥ 2 and two compares for codes 0/1: within ≈1 % of exact.
+    TwoPiece,
+}
+
+impl EfqRule {
+    /// (τ, h) of the affine rules.
+    pub fn tau_h(self) -> Option<(f32, f32)> {
+        match self {
+            Self::Mmlu => Some((-2.90, 2.00)),
+            Self::Mean => Some((-3.06, 2.30)),
+            Self::Balance => Some((-2.10, 2.70)),
+            Self::Custom { tau, h } => Some((tau, h)),
+            _ => None,
+        }
+    }
+}
+
+/// The per-block scale exponent of EFQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EfqScale {
+    /// EFQ's Eq. 8: `⌊(M_b + ln(2/9)) / ln 2⌋` (block max maps to [4.5, 9)).
+    Efq,
+    /// OCP floor of the block's P max: `⌊M_b·log2 e⌋ − 2`.
+    Floor,
+    /// RCEIL: `⌈M_b·log2 e − log2 6⌉` (never clips).
+    Rceil,
+}
+
+/// Options of [`Algorithm::Efq`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EfqConfig {
+    pub rule: EfqRule,
+    pub scale: EfqScale,
+    /// Keys per block (one scale each); divides the 128-key tile.
+    pub block: usize,
+}
+
+impl EfqConfig {
+    /// `rule` with its natural scale: EFQ's own for the published rules and the LUT, the
+    /// OCP floor for `ExactThresholds` and `TwoPiece`; 32-key blocks.
+    pub fn new(rule: EfqRule) -> Self {
+        let scale = match rule {
+            EfqRule::ExactThresholds | EfqRule::TwoPiece => EfqScale::Floor,
+            _ => EfqScale::Efq,
+        };
+        Self {
+            rule,
+            scale,
+            block: DEFAULT_BLOCK,
+        }
+    }
+    pub fn with_scale(mut self, scale: EfqScale) -> Self {
+        self.scale = scale;
+        self
+    }
 }
 
 /// Options of [`Algorithm::FusedSoftmax`].
@@ -273,6 +358,16 @@ impl AttentionConfig {
             qk_format: fused_qk_format(qk),
             v_format: v,
             p_format: ProbFormat::F32,
+            ..Self::exact()
+        }
+    }
+
+    /// EFQ-Softmax with the given Q/K and V formats (P is EFQ's own block-scaled E2M1).
+    pub fn efq(efq: EfqConfig, qk: OperandFormat, v: OperandFormat) -> Self {
+        Self {
+            algorithm: Algorithm::Efq(efq),
+            qk_format: qk,
+            v_format: v,
             ..Self::exact()
         }
     }

@@ -35,9 +35,10 @@ pub(crate) mod softmax;
 
 pub use crate::cpu::CpuPath;
 pub use config::{
-    fused_qk_format, Algorithm, AttentionConfig, FusedProbs, FusedSoftmaxConfig, OperandFormat,
-    ProbFormat, KV_TILE,
+    fused_qk_format, Algorithm, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs,
+    FusedSoftmaxConfig, OperandFormat, ProbFormat, KV_TILE,
 };
+pub use softmax::efq::{efq_block, EfqBlock};
 
 use crate::mx::pack::pack_granule;
 use candle_core::{bail, DType, Result, Tensor};
@@ -216,6 +217,28 @@ fn check_fused(f: &FusedSoftmaxConfig, cfg: &AttentionConfig, d: usize) -> Resul
     Ok(())
 }
 
+fn check_efq(e: &EfqConfig, cfg: &AttentionConfig) -> Result<()> {
+    if let Some((tau, h)) = e.rule.tau_h() {
+        if !tau.is_finite() || !h.is_finite() || h <= 0.0 {
+            bail!("attention: EFQ needs a finite τ and a finite h > 0, got τ = {tau}, h = {h}");
+        }
+    }
+    if e.block == 0 || e.block % 2 != 0 || !KV_TILE.is_multiple_of(e.block) {
+        bail!(
+            "attention: EFQ block {} must be even and divide the {KV_TILE}-key tile (e.g. 32)",
+            e.block
+        );
+    }
+    if cfg.p_format != ProbFormat::F32 {
+        bail!(
+            "attention: EFQ generates its own block-scaled E2M1 P (EfqConfig.block, .scale); p_format must stay F32, \
+             got {}",
+            cfg.p_format
+        );
+    }
+    Ok(())
+}
+
 /// Shapes, dtypes, devices and config checked; the call's geometry.
 fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result<Problem> {
     for (n, t) in [("q", q), ("k", k), ("v", v)] {
@@ -286,8 +309,10 @@ fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result
     }
     check_operand_format("Q/K", cfg.qk_format, d, false)?;
     check_operand_format("V", cfg.v_format, d, true)?;
-    if let Algorithm::FusedSoftmax(f) = &cfg.algorithm {
-        check_fused(f, cfg, d)?;
+    match &cfg.algorithm {
+        Algorithm::FusedSoftmax(f) => check_fused(f, cfg, d)?,
+        Algorithm::Efq(e) => check_efq(e, cfg)?,
+        _ => {}
     }
     match (&cfg.algorithm, cfg.p_format) {
         (Algorithm::Exact, p) if p != ProbFormat::F32 => {

@@ -92,6 +92,7 @@ pub(crate) fn run(
             };
             run_algo(&a, path, p, cfg, softmax_scale, x)
         }
+        Algorithm::Efq(e) => run_algo(&softmax::Efq { cfg: *e }, path, p, cfg, softmax_scale, x),
         Algorithm::FusedSoftmax(f) => {
             let a = softmax::FusedSoftmax::new(*f, cfg.p_format);
             run_algo(&a, path, p, cfg, softmax_scale, x)

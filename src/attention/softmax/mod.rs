@@ -11,10 +11,13 @@
 //! The same `p` feeds both sums, so numerator and denominator always agree (both papers'
 //! point). Masked scores arrive as −inf and must give p = 0.
 
+pub mod efq;
 mod exact;
 mod exp_then_quantize;
 pub mod fused;
+mod log_thresholds;
 
+pub(crate) use efq::Efq;
 pub(crate) use exact::Exact;
 pub(crate) use exp_then_quantize::{quantize_probs, ExpThenQuantize};
 pub(crate) use fused::FusedSoftmax;
