@@ -223,7 +223,7 @@ fn check_efq(e: &EfqConfig, cfg: &AttentionConfig) -> Result<()> {
             bail!("attention: EFQ needs a finite τ and a finite h > 0, got τ = {tau}, h = {h}");
         }
     }
-    if e.block == 0 || e.block % 2 != 0 || !KV_TILE.is_multiple_of(e.block) {
+    if e.block == 0 || !e.block.is_multiple_of(2) || !KV_TILE.is_multiple_of(e.block) {
         bail!(
             "attention: EFQ block {} must be even and divide the {KV_TILE}-key tile (e.g. 32)",
             e.block
