@@ -8,8 +8,8 @@ use anyhow::Result;
 use candle_core::{Tensor, D};
 use clap::Parser;
 use mxattn::attention::{
-    attention_ext, AttentionConfig, CpuPath, FusedProbs, FusedSoftmaxConfig, OperandFormat,
-    ProbFormat, RunOptions,
+    attention_ext, AttentionConfig, CpuPath, EfqConfig, EfqRule, FusedProbs, FusedSoftmaxConfig,
+    OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::ElemFormat;
 use mxattn::synth::{self, Distribution, Shape};
