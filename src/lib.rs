@@ -2,6 +2,8 @@
 
 pub mod attention;
 pub(crate) mod cpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 pub mod mx;
 pub mod oracle;
 pub mod synth;

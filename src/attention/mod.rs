@@ -109,10 +109,16 @@ pub fn attention_ext(
     opts: &RunOptions,
 ) -> Result<AttentionOutput> {
     let problem = validate(q, k, v, cfg)?;
-    if !q.device().is_cpu() {
+    let supported = q.device().is_cpu() || (cfg!(feature = "cuda") && q.device().is_cuda());
+    if !supported {
         bail!(
-            "attention: {:?} tensors are not supported by this build's kernels; use the CPU",
-            q.device()
+            "attention: {:?} tensors are not supported by this build (CPU{}); move them to the CPU",
+            q.device(),
+            if cfg!(feature = "cuda") {
+                ", CUDA"
+            } else {
+                "; build with --features cuda for CUDA"
+            }
         );
     }
     let softmax_scale = cfg.softmax_scale.unwrap_or(1.0 / (problem.d as f32).sqrt());

@@ -102,4 +102,17 @@ impl CustomOp3 for AttentionOp {
         };
         Ok((st, shape))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        crate::cuda::attention::cuda_fwd(self, s1, l1, s2, l2, s3, l3)
+    }
 }

@@ -76,6 +76,17 @@ fn run_algo<A: SoftmaxAlgo>(
     }
 }
 
+/// How scores are formed for `cfg`'s algorithm (Q pre-scale, Hadamard, score scale).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn score_prep(cfg: &AttentionConfig, softmax_scale: f32) -> softmax::ScorePrep {
+    match &cfg.algorithm {
+        Algorithm::FusedSoftmax(f) => {
+            softmax::FusedSoftmax::new(*f, cfg.p_format).score_prep(softmax_scale)
+        }
+        _ => softmax::Exact.score_prep(softmax_scale),
+    }
+}
+
 /// Runs `cfg` on f32 inputs laid out as `p` says.
 pub(crate) fn run(
     path: CpuPath,

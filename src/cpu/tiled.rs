@@ -60,10 +60,7 @@ fn run_block<A: SoftmaxAlgo>(
                 *sj = dot(qi, &k_head[(t0 + j) * d..][..d]) * prep.score_scale;
             }
             sr[live..].fill(f32::NEG_INFINITY);
-            if let Some(j) = sr[..live]
-                .iter()
-                .position(|x| x.is_nan() || *x == f32::INFINITY)
-            {
+            if let Some(j) = sr[..live].iter().position(|x| !x.is_finite()) {
                 bail!(
                     "attention: score overflows f32 at batch {b}, head {h}, query {}, key {}",
                     i0 + r,

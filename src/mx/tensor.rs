@@ -88,6 +88,21 @@ impl MxTensor {
     /// The represented values as an `F32` tensor of the logical shape, on the codes' device.
     pub fn dequantize(&self) -> Result<Tensor> {
         let (rows, n, n_pad, nb) = self.geometry();
+        #[cfg(feature = "cuda")]
+        if self.codes.device().is_cuda() {
+            let op = crate::cuda::mx::DequantizeOp {
+                fmt: self.format,
+                block: self.block,
+                rows,
+                n,
+            };
+            let bits = self.format.bits();
+            let codes = self.codes.reshape((rows, packed_len(n_pad, bits)))?;
+            let scales = self.scales.reshape((rows, nb))?;
+            let flat = codes.apply_op2_no_bwd(&scales, &op)?;
+            let moved = moved_dims(self.shape.dims(), self.dim);
+            return restore_dim(&flat.reshape(moved)?, self.dim);
+        }
         let bits = self.format.bits();
         let row_bytes = packed_len(n_pad, bits);
         let packed = self.codes.flatten_all()?.to_vec1::<u8>()?;
@@ -156,6 +171,41 @@ pub fn quantize(
     let bits = fmt.bits();
     let row_bytes = packed_len(n_pad, bits);
 
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() {
+        let op = crate::cuda::mx::QuantizeOp {
+            fmt,
+            mode,
+            block,
+            rows,
+            n,
+            row_bytes,
+            nb,
+        };
+        let packed = move_dim_last(t, dim)?
+            .reshape((rows, n))?
+            .apply_op1_no_bwd(&op)?;
+        let mut cshape = moved_dims(&dims, dim);
+        let last = cshape.len() - 1;
+        cshape[last] = row_bytes;
+        let mut sshape = cshape.clone();
+        sshape[last] = nb;
+        return Ok(MxTensor {
+            codes: packed
+                .narrow(1, 0, row_bytes)?
+                .contiguous()?
+                .reshape(cshape)?,
+            scales: packed
+                .narrow(1, row_bytes, nb)?
+                .contiguous()?
+                .reshape(sshape)?,
+            format: fmt,
+            scale_mode: mode,
+            block,
+            dim,
+            shape: Shape::from_dims(&dims),
+        });
+    }
     let moved = move_dim_last(t, dim)?
         .to_dtype(DType::F32)?
         .flatten_all()?

@@ -15,7 +15,7 @@ pub mod efq;
 mod exact;
 mod exp_then_quantize;
 pub mod fused;
-mod log_thresholds;
+pub(crate) mod log_thresholds;
 
 pub(crate) use efq::Efq;
 pub(crate) use exact::Exact;

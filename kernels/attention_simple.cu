@@ -1,0 +1,241 @@
+// Attention for every algorithm and head dim up to 512: operand preparation, then one
+// warp per query row running the CPU reference's loop (src/cpu/reference.rs) step for
+// step: scores in the same 8-lane dot order, the algorithm's tile step, L summed in key
+// order, O updated key by key. Compiled with -fmad=false. The only arithmetic that can
+// differ from the CPU is expf/exp2f/logf (CUDA's, within 2 ulp, against the host libm).
+// Also the fallback of the fast kernels for shapes they do not take.
+#include <stdint.h>
+#include "softmax_algos.cuh"
+
+static __device__ __forceinline__ float load_val(const void* p, int64_t i, int dtype) {
+  if (dtype == 1) return bf16_to_f32(((const bf16_t*)p)[i]);
+  if (dtype == 2) return f16_to_f32(((const f16_t*)p)[i]);
+  return ((const float*)p)[i];
+}
+
+static __device__ __forceinline__ void store_val(void* p, int64_t i, int dtype, float v) {
+  if (dtype == 1) ((bf16_t*)p)[i] = f32_to_bf16(v);
+  else if (dtype == 2) ((f16_t*)p)[i] = __float2half_rn(v);
+  else ((float*)p)[i] = v;
+}
+
+static __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// ---- operand preparation -------------------------------------------------------------
+
+// Q or K rows: × q_scale, Hadamard, then the Q/K format. One warp per row, the row in
+// shared memory (d ≤ 512). Flags any non-finite input in *bad.
+__global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t rows, int d, float q_scale,
+                               int hadamard, float hscale, OperandFmt fmt, float* __restrict__ out,
+                               int* __restrict__ bad) {
+  extern __shared__ float sm[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + warp;
+  if (r >= rows) return;
+  float* row = sm + warp * d;
+  for (int c = lane; c < d; c += 32) {
+    float v = load_val(x, r * d + c, dtype);
+    if (!isfinite(v)) atomicOr(bad, 1);
+    if (q_scale != 1.0f) v = v * q_scale;
+    row[c] = v;
+  }
+  __syncwarp();
+  if (hadamard) {
+    for (int h = 1; h < d; h *= 2) {
+      for (int pidx = lane; pidx < d / 2; pidx += 32) {
+        const int i = (pidx / h) * 2 * h + (pidx % h);
+        const float a = row[i], b = row[i + h];
+        row[i] = a + b;
+        row[i + h] = a - b;
+      }
+      __syncwarp();
+    }
+    for (int c = lane; c < d; c += 32) row[c] = row[c] * hscale;
+    __syncwarp();
+  }
+  if (fmt.kind == OPK_BF16) {
+    for (int c = lane; c < d; c += 32) row[c] = round_bf16(row[c]);
+  } else if (fmt.kind == OPK_MX) {
+    const int nb = (d + fmt.block - 1) / fmt.block;
+    for (int blk = lane; blk < nb; blk += 32) {
+      const int j0 = blk * fmt.block;
+      const int len = min(fmt.block, d - j0);
+      float amax = 0.0f;
+      for (int j = 0; j < len; j++) amax = fmaxf(amax, fabsf(row[j0 + j]));
+      const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
+      const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
+      for (int j = 0; j < len; j++) row[j0 + j] = mx_decode(mx_encode(row[j0 + j] * inv, fmt.elem), fmt.elem) * sc;
+    }
+  }
+  __syncwarp();
+  for (int c = lane; c < d; c += 32) out[r * d + c] = row[c];
+}
+
+// V along the keys, one thread per (batch, kv head, channel); keys past the batch entry's
+// length are zeroed so they never touch a scale.
+__global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int d,
+                              const int32_t* __restrict__ kv_lens, OperandFmt fmt, float* __restrict__ out,
+                              int* __restrict__ bad) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= (int64_t)b * hkv * d) return;
+  const int c = (int)(t % d);
+  const int64_t bh = t / d;
+  const int bb = (int)(bh / hkv);
+  const int len = kv_lens[bb];
+  const int64_t base = bh * (int64_t)sk * d + c;
+  for (int j = 0; j < sk; j++) {
+    const float x = load_val(v, base + (int64_t)j * d, dtype);
+    if (!isfinite(x)) atomicOr(bad, 2);
+    float y = j < len ? x : 0.0f;
+    if (fmt.kind == OPK_BF16) y = round_bf16(y);
+    out[base + (int64_t)j * d] = y;
+  }
+  if (fmt.kind == OPK_MX) {
+    for (int j0 = 0; j0 < len; j0 += fmt.block) {
+      const int n = min(fmt.block, len - j0);
+      float amax = 0.0f;
+      for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(out[base + (int64_t)(j0 + j) * d]));
+      const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
+      const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
+      for (int j = 0; j < n; j++) {
+        float* p = out + base + (int64_t)(j0 + j) * d;
+        *p = mx_decode(mx_encode(*p * inv, fmt.elem), fmt.elem) * sc;
+      }
+    }
+  } else if (fmt.kind == OPK_PER_CHANNEL) {
+    float amax = 0.0f;
+    for (int j = 0; j < len; j++) amax = fmaxf(amax, fabsf(out[base + (int64_t)j * d]));
+    const float s = amax > 0.0f ? amax / fmt_info(fmt.elem).max_normal : 1.0f;
+    for (int j = 0; j < len; j++) {
+      float* p = out + base + (int64_t)j * d;
+      *p = mx_decode(mx_encode(*p / s, fmt.elem), fmt.elem) * s;
+    }
+  }
+}
+
+// ---- attention -------------------------------------------------------------------------
+
+// src/cpu/dot.rs: 8 interleaved lanes, pairwise combine, then the tail.
+static __device__ __forceinline__ float dot8(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int full = n / 8 * 8;
+  for (int i = 0; i < full; i += 8) {
+#pragma unroll
+    for (int l = 0; l < 8; l++) acc[l] = acc[l] + a[i + l] * b[i + l];
+  }
+  float tail = 0.0f;
+  for (int i = full; i < n; i++) tail = tail + a[i] * b[i];
+  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
+}
+
+#define MAX_D 512
+
+__global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ q, const float* __restrict__ k,
+                                        const float* __restrict__ v, void* __restrict__ out,
+                                        unsigned long long* __restrict__ rollbacks, int* __restrict__ bad) {
+  extern __shared__ float sm[];
+  const int warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = (int64_t)blockIdx.x * warps + warp;
+  const int64_t rows = (int64_t)P.b * P.hq * P.sq;
+  if (row >= rows) return;
+  const int d = P.d;
+  float* qrow = sm + warp * (d + 128);
+  float* ps = qrow + d;  // this tile's P, for the key-ordered sums
+  const int i = (int)(row % P.sq);
+  const int h = (int)((row / P.sq) % P.hq);
+  const int bb = (int)(row / ((int64_t)P.sq * P.hq));
+  const int kvh = h / (P.hq / P.hkv);
+  const int len = P.kv_lens[bb];
+  int nvis = len;
+  if (P.causal) {
+    const int64_t last = (int64_t)i + len - P.sq;
+    nvis = (int)max((int64_t)0, min((int64_t)len, last + 1));
+  }
+  const int64_t out_stride = P.with_lse ? d + 1 : d;
+  if (nvis == 0) {
+    for (int c = lane; c < d; c += 32) store_val(out, row * out_stride + c, P.out_dtype, 0.0f);
+    if (P.with_lse && lane == 0) store_val(out, row * out_stride + d, 0, NEG_INF);
+    return;
+  }
+  for (int c = lane; c < d; c += 32) qrow[c] = q[row * d + c];
+  __syncwarp();
+  const float* kh = k + ((int64_t)bb * P.hkv + kvh) * (int64_t)P.sk * d;
+  const float* vh = v + ((int64_t)bb * P.hkv + kvh) * (int64_t)P.sk * d;
+  float o[MAX_D / 32];
+#pragma unroll
+  for (int c = 0; c < MAX_D / 32; c++) o[c] = 0.0f;
+  RowState st{NEG_INF, 0, 0u};
+  float l = 0.0f;
+  for (int t0 = 0; t0 < nvis; t0 += 128) {
+    const int tl = min(128, P.sk - t0);
+    float s[TILE_SLOTS], p[TILE_SLOTS];
+#pragma unroll
+    for (int sl = 0; sl < TILE_SLOTS; sl++) {
+      const int j = sl * 32 + lane;
+      s[sl] = NEG_INF;
+      if (j < tl && t0 + j < nvis) {
+        s[sl] = dot8(qrow, kh + (int64_t)(t0 + j) * d, d) * P.score_scale;
+        if (!isfinite(s[sl])) atomicOr(bad, 4);
+      }
+    }
+    const float alpha = tile_probs(P, st, s, p);
+#pragma unroll
+    for (int sl = 0; sl < TILE_SLOTS; sl++) ps[sl * 32 + lane] = p[sl];
+    __syncwarp();
+    if (lane == 0) {
+      float sum = 0.0f;
+      for (int j = 0; j < tl; j++) sum = sum + ps[j];
+      l = l * alpha + sum;
+    }
+    l = SHFL_IDX(l, 0);
+    for (int c = lane, ci = 0; c < d; c += 32, ci++) {
+      float oc = o[ci];
+      if (alpha != 1.0f) oc = oc * alpha;
+      for (int j = 0; j < tl; j++) {
+        const float pj = ps[j];
+        if (pj != 0.0f) oc = oc + pj * vh[(int64_t)(t0 + j) * d + c];
+      }
+      o[ci] = oc;
+    }
+    __syncwarp();
+  }
+  for (int c = lane, ci = 0; c < d; c += 32, ci++) {
+    const float val = l > 0.0f ? o[ci] / l : 0.0f;
+    store_val(out, row * out_stride + c, P.with_lse ? 0 : P.out_dtype, val);
+  }
+  if (P.with_lse && lane == 0) store_val(out, row * out_stride + d, 0, row_lse(P, st, l));
+  if (st.rollbacks && lane == 0) atomicAdd(rollbacks, (unsigned long long)st.rollbacks);
+}
+
+extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void* k, const void* v, float* qp,
+                                  float* kp, float* vp, int* bad, gpuStream_t stream) {
+  if (P->d > MAX_D) return MXA_ERR_ARGS;
+  const int warps = 4;
+  const size_t smem = (size_t)warps * P->d * sizeof(float);
+  const int64_t qrows = (int64_t)P->b * P->hq * P->sq, krows = (int64_t)P->b * P->hkv * P->sk;
+  if (qrows > 0)
+    prep_qk_kernel<<<(unsigned)((qrows + warps - 1) / warps), warps * 32, smem, stream>>>(
+        q, P->in_dtype, qrows, P->d, P->q_scale, P->hadamard, P->hadamard_scale, P->qk, qp, bad);
+  if (krows > 0)
+    prep_qk_kernel<<<(unsigned)((krows + warps - 1) / warps), warps * 32, smem, stream>>>(
+        k, P->in_dtype, krows, P->d, 1.0f, P->hadamard, P->hadamard_scale, P->qk, kp, bad);
+  const int64_t vt = (int64_t)P->b * P->hkv * P->d;
+  if (vt > 0)
+    prep_v_kernel<<<(unsigned)((vt + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, P->d,
+                                                                    P->kv_lens, P->v, vp, bad);
+  return mxa_status();
+}
+
+// *rollbacks (zeroed by the caller) receives the number of rollbacks of all rows.
+extern "C" int mxa_attention_simple(const AttnParams* P, const float* qp, const float* kp, const float* vp, void* out,
+                                    unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
+  if (P->d > MAX_D) return MXA_ERR_ARGS;
+  const int warps = 4;
+  const size_t smem = (size_t)warps * (P->d + 128) * sizeof(float);
+  const int64_t rows = (int64_t)P->b * P->hq * P->sq;
+  if (rows == 0) return MXA_OK;
+  attention_simple_kernel<<<(unsigned)((rows + warps - 1) / warps), warps * 32, smem, stream>>>(
+      *P, qp, kp, vp, out, rollbacks, bad);
+  return mxa_status();
+}

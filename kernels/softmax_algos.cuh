@@ -1,0 +1,228 @@
+// The softmax algorithms of src/attention/softmax/ on one warp: a KV tile of up to 128
+// scores of one query row, lane l holding keys l, l+32, l+64, l+96 (so key block i of 32
+// is slot i of every lane). Same operations in the same order as the CPU code; files
+// that include this are compiled with -fmad=false so no multiply-add is contracted.
+#pragma once
+#include "attention_params.h"
+#include "mx_codec.cuh"
+
+#define TILE_SLOTS 4
+#define NEG_INF (__int_as_float(0xff800000))
+
+struct RowState {
+  float m;
+  int started;
+  unsigned rollbacks;
+};
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, SHFL_XOR(v, o));
+  return v;
+}
+
+static __device__ __forceinline__ float tile_max(const float s[TILE_SLOTS]) {
+  float m = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < TILE_SLOTS; i++) m = fmaxf(m, s[i]);
+  return warp_max(m);
+}
+
+// P of one MX block (slot i across the warp): quantize_block + dequantize_block.
+static __device__ __forceinline__ float mx_block_fake_quant(float v, int elem, int mode) {
+  const float amax = warp_max(fabsf(v));
+  const int e = mx_shared_exp(amax, elem, mode);
+  const unsigned c = mx_encode(v * pow2f(-e), elem);
+  return mx_decode(c, elem) * e8m0_decode((unsigned)(e + 127));
+}
+
+static __device__ __forceinline__ void quantize_probs(const AttnParams& P, float p[TILE_SLOTS]) {
+  if (P.p_kind == PROB_MX) {
+#pragma unroll
+    for (int i = 0; i < TILE_SLOTS; i++) p[i] = mx_block_fake_quant(p[i], P.p_elem, P.p_scale);
+  } else if (P.p_kind == PROB_FP8) {
+#pragma unroll
+    for (int i = 0; i < TILE_SLOTS; i++) p[i] = mx_decode(mx_encode(p[i] * 256.0f, P.p_elem), P.p_elem) / 256.0f;
+  }
+}
+
+// Running max (softmax/mod.rs update_running_max) in natural-log units.
+static __device__ __forceinline__ float running_max(RowState& st, const float s[TILE_SLOTS], float* m_new) {
+  const float mn = fmaxf(st.m, tile_max(s));
+  const float alpha = (mn == NEG_INF) ? 1.0f : expf(st.m - mn);
+  st.m = mn;
+  *m_new = mn;
+  return alpha;
+}
+
+static __device__ float tile_exact_etq(const AttnParams& P, RowState& st, const float s[TILE_SLOTS],
+                                       float p[TILE_SLOTS]) {
+  float m;
+  const float alpha = running_max(st, s, &m);
+#pragma unroll
+  for (int i = 0; i < TILE_SLOTS; i++) p[i] = (m == NEG_INF) ? 0.0f : expf(s[i] - m);
+  if (P.algo == ALGO_ETQ) quantize_probs(P, p);
+  return alpha;
+}
+
+static __device__ __forceinline__ float fused_prob(const AttnParams& P, float a) {
+  switch (P.fused_kind) {
+    case FUSED_U8: {
+      const float c = fminf(fmaxf(rintf(a), 0.0f), 126.0f);
+      return mx_decode((unsigned)c, FMT_E4M3);
+    }
+    case FUSED_F32BITS: {
+      const unsigned bits = a > 0.0f ? (unsigned)a : 0u;
+      return mx_decode(mx_encode(__uint_as_float(bits), FMT_E4M3), FMT_E4M3);
+    }
+    case FUSED_EXACT_E4M3: return mx_decode(mx_encode(exp2f(a), FMT_E4M3), FMT_E4M3);
+    default: return exp2f(a);
+  }
+}
+
+static __device__ float tile_fused(const AttnParams& P, RowState& st, const float s[TILE_SLOTS],
+                                   float p[TILE_SLOTS]) {
+  if (P.fused_kind == FUSED_EXACT_F32) {
+    const float mn = fmaxf(st.m, tile_max(s));
+    if (mn == NEG_INF) {
+#pragma unroll
+      for (int i = 0; i < TILE_SLOTS; i++) p[i] = 0.0f;
+      return 1.0f;
+    }
+    const float alpha = exp2f(st.m - mn);
+    st.m = mn;
+#pragma unroll
+    for (int i = 0; i < TILE_SLOTS; i++) p[i] = exp2f(s[i] - mn);
+    quantize_probs(P, p);
+    return alpha;
+  }
+  if (!st.started) {
+    const float tmax = tile_max(s);
+    if (tmax == NEG_INF) {
+#pragma unroll
+      for (int i = 0; i < TILE_SLOTS; i++) p[i] = 0.0f;
+      return 1.0f;
+    }
+    st.m = tmax - 0.125f;
+    st.started = 1;
+  }
+  const float bias = P.fused_off - P.fused_g * st.m;
+  float a[TILE_SLOTS];
+  float amax = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < TILE_SLOTS; i++) {
+    a[i] = P.fused_g * s[i] + bias;
+    amax = fmaxf(amax, a[i]);
+  }
+  amax = warp_max(amax);
+  float alpha = 1.0f;
+  if (amax > P.fused_thr) {
+    const float delta = amax - P.fused_off;
+#pragma unroll
+    for (int i = 0; i < TILE_SLOTS; i++) a[i] -= delta;
+    st.m += delta / P.fused_g;
+    alpha = exp2f(-delta / P.fused_g);
+    st.rollbacks++;
+  }
+#pragma unroll
+  for (int i = 0; i < TILE_SLOTS; i++) p[i] = fused_prob(P, a[i]);
+  quantize_probs(P, p);
+  return alpha;
+}
+
+__constant__ float EFQ_C8[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+__constant__ unsigned char EFQ_C16[16] = {0, 1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 7, 7};
+
+// number of entries t[0..n) with t[i] <= x (t ascending)
+static __device__ __forceinline__ int count_le(const float* t, int n, float x) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (t[mid] <= x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// E2M1 code and scale exponent of one element of a block (efq.rs block_codes).
+static __device__ __forceinline__ float efq_prob(const AttnParams& P, float x, float mb) {
+  int k;
+  unsigned c;
+  if (P.efq_kind == EFQ_EXACT && P.efq_scale != EFQS_EFQ) {
+    if (P.efq_scale == EFQS_FLOOR) {
+      const int n = count_le(P.thr_pow2, 150, mb);
+      k = n == 0 ? -127 : (n - 1 - 149) - 2;
+    } else {
+      const int n = count_le(P.thr_six, 128, mb);
+      k = -127 + n;
+      if (k > 0) k = 0;
+    }
+    if (k < -127) k = -127;
+    if (k > 0) k = 0;
+    const float* t = P.thr_code + (k + 127) * 7;
+    c = 0;
+#pragma unroll
+    for (int i = 0; i < 7; i++) c += (x >= t[i]) ? 1u : 0u;
+  } else {
+    float kf;
+    if (mb == NEG_INF) {
+      kf = -127.0f;
+    } else {
+      if (P.efq_scale == EFQS_EFQ) kf = floorf((mb + P.ln_2_over_9) / P.ln2);
+      else if (P.efq_scale == EFQS_FLOOR) kf = floorf(mb * P.log2e) - 2.0f;
+      else kf = ceilf(mb * P.log2e - P.log2_6);
+      kf = fminf(fmaxf(kf, -127.0f), 127.0f);
+    }
+    k = (int)kf;
+    kf = (float)k;
+    if (P.efq_kind == EFQ_LUT) {
+      const float z = x - (kf * P.ln2 + P.ln6);
+      const float j = fminf(fmaxf(floorf((z - P.lut_tau) * P.lut_h) + 1.0f, 0.0f), 15.0f);
+      c = EFQ_C16[(int)j];
+    } else if (P.efq_kind == EFQ_TWO_PIECE) {
+      const float w = x * P.log2e - kf;
+      if (w >= P.log2_075) c = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
+      else c = (w > -2.0f) ? 1u : 0u;
+    } else if (P.efq_kind == EFQ_EXACT) {
+      const float w = x * P.log2e - kf;
+      // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5: strict at even positions
+      c = 0;
+#pragma unroll
+      for (int i = 0; i < 7; i++) c += ((i % 2 == 0) ? (w > P.log2_mid[i]) : (w >= P.log2_mid[i])) ? 1u : 0u;
+    } else {
+      const float z = x - (kf * P.ln2 + P.ln6);
+      c = (unsigned)fminf(fmaxf(floorf((z - P.efq_tau) * P.efq_h) + 1.0f, 0.0f), 7.0f);
+    }
+  }
+  return EFQ_C8[c] * pow2f(k);
+}
+
+static __device__ float tile_efq(const AttnParams& P, RowState& st, const float s[TILE_SLOTS],
+                                 float p[TILE_SLOTS]) {
+  float m;
+  const float alpha = running_max(st, s, &m);
+#pragma unroll
+  for (int i = 0; i < TILE_SLOTS; i++) {
+    if (m == NEG_INF) {
+      p[i] = 0.0f;
+      continue;
+    }
+    const float x = s[i] - m;
+    const float mb = warp_max(x);
+    p[i] = efq_prob(P, x, mb);
+  }
+  return alpha;
+}
+
+static __device__ __forceinline__ float tile_probs(const AttnParams& P, RowState& st, const float s[TILE_SLOTS],
+                                                   float p[TILE_SLOTS]) {
+  switch (P.algo) {
+    case ALGO_FUSED: return tile_fused(P, st, s, p);
+    case ALGO_EFQ: return tile_efq(P, st, s, p);
+    default: return tile_exact_etq(P, st, s, p);
+  }
+}
+
+static __device__ __forceinline__ float row_lse(const AttnParams& P, const RowState& st, float l) {
+  if (P.algo == ALGO_FUSED) return P.ln2 * (st.m + log2f(l));
+  return st.m + logf(l);
+}

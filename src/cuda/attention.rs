@@ -1,0 +1,337 @@
+//! `cuda_fwd` of the attention op: operand preparation and the attention kernel on the
+//! tensors' device, with the same semantics (and errors) as the CPU paths.
+
+use super::ffi::{self, AttnParams, OperandFmt};
+use crate::attention::config::{
+    Algorithm, AttentionConfig, EfqRule, EfqScale, FusedProbs, OperandFormat, ProbFormat,
+};
+use crate::attention::op::AttentionOp;
+use crate::attention::softmax::fused::{G_F32, G_U8, OFF_F32_BITS, OFF_U8, THR_F32, THR_U8};
+use crate::attention::softmax::log_thresholds::{exp_mxfp4_thresholds, E2M1_MIDPOINTS};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
+use candle_core::{bail, DType, Layout, Result, Shape};
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+
+fn dtype_id(dt: DType) -> Result<i32> {
+    Ok(match dt {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        DType::F16 => 2,
+        dt => bail!("attention: dtype {dt:?} unsupported on CUDA (f32, bf16, f16)"),
+    })
+}
+
+/// Device address of a contiguous input (its layout's start offset applied).
+fn input_ptr<'a>(
+    name: &str,
+    s: &'a CudaStorage,
+    l: &Layout,
+    stream: &'a CudaStream,
+) -> Result<(u64, SyncOnDrop<'a>)> {
+    let Some((start, _)) = l.contiguous_offsets() else {
+        bail!("attention: {name} must be contiguous");
+    };
+    Ok(match &s.slice {
+        CudaStorageSlice::F32(x) => {
+            let (p, g) = x.device_ptr(stream);
+            (p + (start * 4) as u64, g)
+        }
+        CudaStorageSlice::BF16(x) => {
+            let (p, g) = x.device_ptr(stream);
+            (p + (start * 2) as u64, g)
+        }
+        CudaStorageSlice::F16(x) => {
+            let (p, g) = x.device_ptr(stream);
+            (p + (start * 2) as u64, g)
+        }
+        _ => bail!("attention: {name} must be f32, bf16 or f16"),
+    })
+}
+
+fn operand(f: OperandFormat) -> OperandFmt {
+    match f {
+        OperandFormat::Native => OperandFmt {
+            kind: 0,
+            ..Default::default()
+        },
+        OperandFormat::Bf16 => OperandFmt {
+            kind: 1,
+            ..Default::default()
+        },
+        OperandFormat::Mx { elem, scale, block } => OperandFmt {
+            kind: 2,
+            elem: elem as i32,
+            scale: scale as i32,
+            block: block as i32,
+        },
+        OperandFormat::PerChannel { elem } => OperandFmt {
+            kind: 3,
+            elem: elem as i32,
+            scale: 0,
+            block: 0,
+        },
+    }
+}
+
+/// The GPU kernels take P blocks and EFQ blocks of exactly 32 keys (one warp slot).
+fn check_gpu_support(cfg: &AttentionConfig) -> Result<()> {
+    if let ProbFormat::Mx { block, .. } = cfg.p_format {
+        if block != 32 {
+            bail!("attention: on CUDA, MX P blocks must be 32 keys (got {block})");
+        }
+    }
+    if let Algorithm::Efq(e) = &cfg.algorithm {
+        if e.block != 32 {
+            bail!(
+                "attention: on CUDA, EFQ blocks must be 32 keys (got {})",
+                e.block
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The parameter block of one call (device pointers filled in by the caller).
+pub(crate) fn params(op: &AttentionOp, in_dtype: i32) -> AttnParams {
+    use std::f32::consts::{LN_2, LOG2_E};
+    let p = &op.problem;
+    let cfg = &op.cfg;
+    let prep = crate::cpu::score_prep(cfg, op.softmax_scale);
+    let (mut p_kind, mut p_elem, mut p_scale, mut p_block) = (0, 0, 0, 32);
+    match cfg.p_format {
+        ProbFormat::F32 => {}
+        ProbFormat::Mx { elem, scale, block } => {
+            (p_kind, p_elem, p_scale, p_block) = (1, elem as i32, scale as i32, block as i32);
+        }
+        ProbFormat::Fp8 { elem } => (p_kind, p_elem) = (2, elem as i32),
+    }
+    let (mut algo, mut fused_kind, mut fg, mut foff, mut fthr) = (0, 0, 0.0, 0.0, 0.0);
+    let (mut efq_kind, mut efq_scale, mut efq_block, mut efq_tau, mut efq_h) = (0, 0, 32, 0.0, 0.0);
+    match &cfg.algorithm {
+        Algorithm::Exact => {}
+        Algorithm::ExpThenQuantize => algo = 1,
+        Algorithm::FusedSoftmax(f) => {
+            algo = 2;
+            (fused_kind, fg, foff, fthr) = match f.probs {
+                FusedProbs::U8Code => (0, G_U8, OFF_U8, THR_U8),
+                FusedProbs::Fp32Bits => (1, G_F32, f32::from_bits(OFF_F32_BITS), THR_F32),
+                FusedProbs::ExactE4M3 => (2, 1.0, 0.0, (THR_U8 - OFF_U8) / G_U8),
+                FusedProbs::ExactF32 => (3, 1.0, 0.0, f32::INFINITY),
+            };
+        }
+        Algorithm::Efq(e) => {
+            algo = 3;
+            efq_kind = match e.rule {
+                EfqRule::Lut => 1,
+                EfqRule::ExactThresholds => 2,
+                EfqRule::TwoPiece => 3,
+                _ => 0,
+            };
+            efq_scale = match e.scale {
+                EfqScale::Efq => 0,
+                EfqScale::Floor => 1,
+                EfqScale::Rceil => 2,
+            };
+            efq_block = e.block as i32;
+            if let Some((t, h)) = e.rule.tau_h() {
+                (efq_tau, efq_h) = (t, h);
+            }
+        }
+    }
+    AttnParams {
+        b: p.b as i32,
+        hq: p.hq as i32,
+        hkv: p.hkv as i32,
+        sq: p.sq as i32,
+        sk: p.sk as i32,
+        d: p.d as i32,
+        causal: p.causal as i32,
+        in_dtype,
+        out_dtype: if op.with_lse { 0 } else { in_dtype },
+        with_lse: op.with_lse as i32,
+        softmax_scale: op.softmax_scale,
+        q_scale: prep.q_scale,
+        score_scale: prep.score_scale,
+        hadamard: prep.hadamard as i32,
+        qk: operand(cfg.qk_format),
+        v: operand(cfg.v_format),
+        algo,
+        p_kind,
+        p_elem,
+        p_scale,
+        p_block,
+        fused_kind,
+        fused_g: fg,
+        fused_off: foff,
+        fused_thr: fthr,
+        efq_kind,
+        efq_scale,
+        efq_block,
+        efq_tau,
+        efq_h,
+        // the same expressions as the CPU code, evaluated by the same libm
+        ln2: LN_2,
+        log2e: LOG2_E,
+        ln_2_over_9: (2.0f32 / 9.0).ln(),
+        ln6: 6f32.ln(),
+        log2_6: 6f32.log2(),
+        lut_tau: (1.0f32 / 24.0).ln(),
+        lut_h: 14.0 / 24f32.ln(),
+        log2_075: 0.75f32.log2(),
+        log2_125: 1.25f32.log2(),
+        hadamard_scale: 1.0 / (p.d as f32).sqrt(),
+        log2_mid: E2M1_MIDPOINTS.map(|(t, _)| t.log2()),
+        kv_lens: std::ptr::null(),
+        thr_pow2: std::ptr::null(),
+        thr_six: std::ptr::null(),
+        thr_code: std::ptr::null(),
+    }
+}
+
+fn check(rc: i32, what: &str) -> Result<()> {
+    if rc != ffi::MXA_OK {
+        bail!("attention: CUDA {what} failed (status {rc})");
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cuda_fwd(
+    op: &AttentionOp,
+    s1: &CudaStorage,
+    l1: &Layout,
+    s2: &CudaStorage,
+    l2: &Layout,
+    s3: &CudaStorage,
+    l3: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let p = &op.problem;
+    check_gpu_support(&op.cfg)?;
+    if p.d > 512 {
+        bail!(
+            "attention: head dim {} unsupported on CUDA (at most 512)",
+            p.d
+        );
+    }
+    let dev = s1.device.clone();
+    let stream = dev.cuda_stream();
+    let in_dtype = dtype_id(s1.dtype())?;
+    let mut prm = params(op, in_dtype);
+    let (q, _gq) = input_ptr("q", s1, l1, &stream)?;
+    let (k, _gk) = input_ptr("k", s2, l2, &stream)?;
+    let (v, _gv) = input_ptr("v", s3, l3, &stream)?;
+    let lens: Vec<i32> = p.kv_lens.iter().map(|&x| x as i32).collect();
+    let lens_d = stream.clone_htod(&lens).map_err(candle_core::Error::wrap)?;
+    let t = exp_mxfp4_thresholds();
+    let pow2 = stream
+        .clone_htod(&t.pow2)
+        .map_err(candle_core::Error::wrap)?;
+    let six = stream
+        .clone_htod(&t.six)
+        .map_err(candle_core::Error::wrap)?;
+    let code_flat: Vec<f32> = t.code.iter().flatten().copied().collect();
+    let code = stream
+        .clone_htod(&code_flat)
+        .map_err(candle_core::Error::wrap)?;
+    let (lens_p, _g0) = lens_d.device_ptr(&stream);
+    let (pow2_p, _g1) = pow2.device_ptr(&stream);
+    let (six_p, _g2) = six.device_ptr(&stream);
+    let (code_p, _g3) = code.device_ptr(&stream);
+    prm.kv_lens = lens_p as *const i32;
+    prm.thr_pow2 = pow2_p as *const f32;
+    prm.thr_six = six_p as *const f32;
+    prm.thr_code = code_p as *const f32;
+
+    let nq = p.b * p.hq * p.sq * p.d;
+    let nk = p.b * p.hkv * p.sk * p.d;
+    let mut qp = dev.alloc_zeros::<f32>(nq.max(1))?;
+    let mut kp = dev.alloc_zeros::<f32>(nk.max(1))?;
+    let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
+    let mut bad = dev.alloc_zeros::<i32>(1)?;
+    let mut rollbacks = dev.alloc_zeros::<u64>(1)?;
+    let raw = stream.cu_stream() as ffi::Stream;
+    {
+        let (qp_p, _a) = qp.device_ptr_mut(&stream);
+        let (kp_p, _b) = kp.device_ptr_mut(&stream);
+        let (vp_p, _c) = vp.device_ptr_mut(&stream);
+        let (bad_p, _d) = bad.device_ptr_mut(&stream);
+        // SAFETY: every pointer is a live device allocation of the sizes the kernels read
+        // and write (prm's geometry), on this stream.
+        let rc = unsafe {
+            ffi::mxa_attention_prep(
+                &prm,
+                q as *const c_void,
+                k as *const c_void,
+                v as *const c_void,
+                qp_p as *mut f32,
+                kp_p as *mut f32,
+                vp_p as *mut f32,
+                bad_p as *mut i32,
+                raw,
+            )
+        };
+        check(rc, "operand preparation")?;
+    }
+    let rows = p.rows();
+    let out_len = if op.with_lse {
+        rows * (p.d + 1)
+    } else {
+        rows * p.d
+    };
+    macro_rules! launch {
+        ($t:ty, $wrap:ident) => {{
+            let mut out = dev.alloc_zeros::<$t>(out_len.max(1))?;
+            {
+                let (qp_p, _a) = qp.device_ptr(&stream);
+                let (kp_p, _b) = kp.device_ptr(&stream);
+                let (vp_p, _c) = vp.device_ptr(&stream);
+                let (o_p, _d) = out.device_ptr_mut(&stream);
+                let (rb_p, _e) = rollbacks.device_ptr_mut(&stream);
+                let (bad_p, _f) = bad.device_ptr_mut(&stream);
+                // SAFETY: as above; `out` holds rows × (d or d+1) elements of the output dtype.
+                let rc = unsafe {
+                    ffi::mxa_attention_simple(
+                        &prm,
+                        qp_p as *const f32,
+                        kp_p as *const f32,
+                        vp_p as *const f32,
+                        o_p as *mut c_void,
+                        rb_p as *mut u64,
+                        bad_p as *mut i32,
+                        raw,
+                    )
+                };
+                check(rc, "attention kernel")?;
+            }
+            CudaStorageSlice::$wrap(out)
+        }};
+    }
+    let slice = match (op.with_lse, in_dtype) {
+        (true, _) | (false, 0) => launch!(f32, F32),
+        (false, 1) => launch!(half::bf16, BF16),
+        _ => launch!(half::f16, F16),
+    };
+    let flags = stream.clone_dtoh(&bad).map_err(candle_core::Error::wrap)?[0];
+    if flags & 1 != 0 {
+        bail!("attention: q or k holds a non-finite value (NaN or Inf)");
+    }
+    if flags & 2 != 0 {
+        bail!("attention: v holds a non-finite value (NaN or Inf)");
+    }
+    if flags & 4 != 0 {
+        bail!("attention: a score overflows f32");
+    }
+    let rb = stream
+        .clone_dtoh(&rollbacks)
+        .map_err(candle_core::Error::wrap)?[0];
+    op.stats.rollbacks.fetch_add(rb, Ordering::Relaxed);
+    let shape = if op.with_lse {
+        Shape::from((p.b, p.hq, p.sq, p.d + 1))
+    } else {
+        Shape::from((p.b, p.hq, p.sq, p.d))
+    };
+    Ok((CudaStorage { slice, device: dev }, shape))
+}

@@ -1,0 +1,116 @@
+//! The `extern "C"` launchers of `kernels/*.cu` and the parameter block they share with
+//! Rust (`kernels/attention_params.h`: same fields, same order).
+
+use std::ffi::c_void;
+
+/// `cudaStream_t` / `CUstream` (the runtime and driver handles are the same pointer).
+pub type Stream = *mut c_void;
+
+pub const MXA_OK: i32 = 0;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OperandFmt {
+    pub kind: i32,
+    pub elem: i32,
+    pub scale: i32,
+    pub block: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnParams {
+    pub b: i32,
+    pub hq: i32,
+    pub hkv: i32,
+    pub sq: i32,
+    pub sk: i32,
+    pub d: i32,
+    pub causal: i32,
+    pub in_dtype: i32,
+    pub out_dtype: i32,
+    pub with_lse: i32,
+    pub softmax_scale: f32,
+    pub q_scale: f32,
+    pub score_scale: f32,
+    pub hadamard: i32,
+    pub qk: OperandFmt,
+    pub v: OperandFmt,
+    pub algo: i32,
+    pub p_kind: i32,
+    pub p_elem: i32,
+    pub p_scale: i32,
+    pub p_block: i32,
+    pub fused_kind: i32,
+    pub fused_g: f32,
+    pub fused_off: f32,
+    pub fused_thr: f32,
+    pub efq_kind: i32,
+    pub efq_scale: i32,
+    pub efq_block: i32,
+    pub efq_tau: f32,
+    pub efq_h: f32,
+    pub ln2: f32,
+    pub log2e: f32,
+    pub ln_2_over_9: f32,
+    pub ln6: f32,
+    pub log2_6: f32,
+    pub lut_tau: f32,
+    pub lut_h: f32,
+    pub log2_075: f32,
+    pub log2_125: f32,
+    pub hadamard_scale: f32,
+    pub log2_mid: [f32; 7],
+    pub kv_lens: *const i32,
+    pub thr_pow2: *const f32,
+    pub thr_six: *const f32,
+    pub thr_code: *const f32,
+}
+
+extern "C" {
+    pub fn mxa_mx_quantize(
+        x: *const c_void,
+        dtype: i32,
+        rows: i64,
+        n: i64,
+        fmt: i32,
+        mode: i32,
+        block: i32,
+        codes: *mut u8,
+        code_stride: i64,
+        scales: *mut u8,
+        scale_stride: i64,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_mx_dequantize(
+        codes: *const u8,
+        scales: *const u8,
+        rows: i64,
+        n: i64,
+        fmt: i32,
+        block: i32,
+        out: *mut f32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_attention_prep(
+        p: *const AttnParams,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        qp: *mut f32,
+        kp: *mut f32,
+        vp: *mut f32,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_attention_simple(
+        p: *const AttnParams,
+        qp: *const f32,
+        kp: *const f32,
+        vp: *const f32,
+        out: *mut c_void,
+        rollbacks: *mut u64,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+}

@@ -1,0 +1,5 @@
+//! CUDA backend: the Rust side of `kernels/*.cu` (launch, layouts, dtype dispatch).
+
+pub(crate) mod attention;
+pub(crate) mod ffi;
+pub(crate) mod mx;
