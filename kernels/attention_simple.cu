@@ -75,7 +75,7 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
 // length are zeroed so they never touch a scale.
 __global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int d,
                               const int32_t* __restrict__ kv_lens, OperandFmt fmt, float* __restrict__ out,
-                              int* __restrict__ bad) {
+                              float* __restrict__ v_unscaled, float* __restrict__ vscale, int* __restrict__ bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= (int64_t)b * hkv * d) return;
   const int c = (int)(t % d);
@@ -106,9 +106,13 @@ __global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int 
     float amax = 0.0f;
     for (int j = 0; j < len; j++) amax = fmaxf(amax, fabsf(out[base + (int64_t)j * d]));
     const float s = amax > 0.0f ? amax / fmt_info(fmt.elem).max_normal : 1.0f;
+    // the fast kernel multiplies the FP8 codes in the GEMM and applies s to O
+    if (vscale) vscale[t] = s;
     for (int j = 0; j < len; j++) {
       float* p = out + base + (int64_t)j * d;
-      *p = mx_decode(mx_encode(*p / s, fmt.elem), fmt.elem) * s;
+      const float code = mx_decode(mx_encode(*p / s, fmt.elem), fmt.elem);
+      if (v_unscaled) v_unscaled[base + (int64_t)j * d] = code;
+      *p = code * s;
     }
   }
 }
@@ -208,8 +212,11 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
   if (st.rollbacks && lane == 0) atomicAdd(rollbacks, (unsigned long long)st.rollbacks);
 }
 
+// v_unscaled and vscale (may be null): for per-channel FP8 V, the decoded codes and the
+// per-(batch, kv head, channel) scales.
 extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void* k, const void* v, float* qp,
-                                  float* kp, float* vp, int* bad, gpuStream_t stream) {
+                                  float* kp, float* vp, float* v_unscaled, float* vscale, int* bad,
+                                  gpuStream_t stream) {
   if (P->d > MAX_D) return MXA_ERR_ARGS;
   const int warps = 4;
   const size_t smem = (size_t)warps * P->d * sizeof(float);
@@ -223,7 +230,7 @@ extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void
   const int64_t vt = (int64_t)P->b * P->hkv * P->d;
   if (vt > 0)
     prep_v_kernel<<<(unsigned)((vt + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, P->d,
-                                                                    P->kv_lens, P->v, vp, bad);
+                                                                    P->kv_lens, P->v, vp, v_unscaled, vscale, bad);
   return mxa_status();
 }
 

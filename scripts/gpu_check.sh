@@ -9,8 +9,8 @@ export LD_LIBRARY_PATH="${NV}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 cd .gpu && for f in *.xz; do xz -d -f "$f"; done && chmod +x ./* && cd ..
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
 echo "== GPU tests"
-./.gpu/gpu --test-threads=1 --nocapture 2>&1 | tee "$OUT/gpu_tests.txt" | grep -vE "^\(" | tail -40
+timeout 300 ./.gpu/gpu --test-threads=1 --nocapture 2>&1 | tee "$OUT/gpu_tests.txt" | grep -vE "^\(" | tail -40
 echo "== compute-sanitizer memcheck"
-compute-sanitizer --tool memcheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/memcheck.txt"
+timeout 120 compute-sanitizer --tool memcheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/memcheck.txt"
 echo "== compute-sanitizer racecheck"
-compute-sanitizer --tool racecheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/racecheck.txt"
+timeout 120 compute-sanitizer --tool racecheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/racecheck.txt"

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use mxattn::attention::{
-    attention_ext, AttentionConfig, CpuPath, EfqConfig, EfqRule, EfqScale, FusedProbs,
+    attention_ext, AttentionConfig, CpuPath, GpuPath, EfqConfig, EfqRule, EfqScale, FusedProbs,
     FusedSoftmaxConfig, OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::{self, ElemFormat, ScaleMode, ALL_FORMATS};
@@ -201,72 +201,52 @@ fn cases() -> Vec<Case> {
     v
 }
 
-/// Every algorithm on the GPU against the CPU reference, over ragged shapes, masks and the
-/// stress distributions. Tolerance: the GPU follows the reference's arithmetic step for
-/// step except CUDA's expf/exp2f/logf (within 2 ulp of the host libm), so outputs agree to
-/// ≈1e-6 unless an exp difference flips a P code at a rounding boundary; then one key's
-/// weight moves by one code step. Stated bound: per-row relative difference ≤ 2 % on the
-/// worst row and ≤ 1e-3 on average; exp-free rows without rollbacks must be bit-identical.
-#[test]
-fn attention_kernels_match_the_cpu_reference() {
-    let Some(dev) = gpu() else { return };
-    let shapes = [
-        Shape::new(2, 4, 2, 37, 300, 64),
-        Shape::new(1, 2, 1, 20, 129, 128),
-        Shape::new(1, 2, 2, 1, 700, 128),
-    ];
+fn round_bf16(t: &Tensor) -> Tensor {
+    t.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap()
+}
+
+/// Runs every case on the GPU with `path` and on the CPU (tiled), over ragged shapes,
+/// masks and the stress distributions; returns the report lines and the worst row.
+fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool) -> f64 {
+    let Some(dev) = gpu() else { return 0.0 };
+    let shapes = [Shape::new(2, 4, 2, 37, 300, 64), Shape::new(1, 2, 1, 20, 129, 128), Shape::new(1, 2, 2, 1, 700, 128)];
     let mut report = vec![];
     let mut worst_all = 0f64;
+    let mut big_rows = 0usize;
+    let mut all_rows = 0usize;
     for (si, s) in shapes.iter().enumerate() {
         for dist in Distribution::STRESS {
-            let inp = synth::make(dist, *s, 900 + si as u64).unwrap();
-            let (qg, kg, vg) = (
-                inp.q.to_device(&dev).unwrap(),
-                inp.k.to_device(&dev).unwrap(),
-                inp.v.to_device(&dev).unwrap(),
-            );
+            let raw = synth::make(dist, *s, 900 + si as u64).unwrap();
+            // bf16-exact inputs: the tensor-core path holds operands in bf16
+            let inp = synth::Inputs { q: round_bf16(&raw.q), k: round_bf16(&raw.k), v: round_bf16(&raw.v) };
+            let (qg, kg, vg) = (inp.q.to_device(&dev).unwrap(), inp.k.to_device(&dev).unwrap(), inp.v.to_device(&dev).unwrap());
             for case in cases() {
                 for (causal, lens) in [(false, None), (true, Some(vec![s.sk - 3; s.b]))] {
                     let mut cfg = case.cfg.clone().with_causal(causal);
                     cfg.key_lengths = lens;
-                    let opts = RunOptions {
-                        cpu_path: CpuPath::Tiled,
-                        lse: true,
-                    };
+                    let opts = RunOptions { cpu_path: CpuPath::Tiled, gpu_path: path, lse: true };
                     let c = attention_ext(&inp.q, &inp.k, &inp.v, &cfg, &opts).unwrap();
                     let g = attention_ext(&qg, &kg, &vg, &cfg, &opts).unwrap();
                     let (oc, og) = (vec_f32(&c.out), vec_f32(&g.out));
-                    let (lc, lg) = (
-                        vec_f32(c.lse.as_ref().unwrap()),
-                        vec_f32(g.lse.as_ref().unwrap()),
-                    );
-                    assert!(
-                        og.iter().all(|x| x.is_finite()),
-                        "{} {dist} {s}: non-finite GPU output",
-                        case.name
-                    );
+                    let (lc, lg) = (vec_f32(c.lse.as_ref().unwrap()), vec_f32(g.lse.as_ref().unwrap()));
+                    assert!(og.iter().all(|x| x.is_finite()), "{} {dist} {s}: non-finite GPU output", case.name);
                     let diffs = row_relative_differences(&og, &oc, s.d);
                     let (mean, max) = mean_max(&diffs);
-                    let identical = oc
-                        .iter()
-                        .zip(&og)
-                        .filter(|(a, b)| a.to_bits() == b.to_bits())
-                        .count();
-                    let lse_max = lc
-                        .iter()
-                        .zip(&lg)
-                        .map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() as f64 })
-                        .fold(0.0, f64::max);
+                    big_rows += diffs.iter().filter(|d| **d > 1e-2).count();
+                    all_rows += diffs.len();
+                    let identical = oc.iter().zip(&og).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+                    let lse_max =
+                        lc.iter().zip(&lg).map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() as f64 }).fold(0.0, f64::max);
                     worst_all = worst_all.max(max);
                     report.push(format!(
-                        "{s} {dist} causal={causal} {}: rows rel diff mean {mean:.2e} max {max:.2e}, identical {:.1}%, lse max {lse_max:.1e}, rollbacks cpu {} gpu {}",
+                        "{path:?} {s} {dist} causal={causal} {}: rows rel diff mean {mean:.2e} max {max:.2e}, identical {:.1}%, lse max {lse_max:.1e}, rollbacks cpu {} gpu {}",
                         case.name,
                         100.0 * identical as f64 / oc.len().max(1) as f64,
                         c.stats.rollbacks,
                         g.stats.rollbacks
                     ));
-                    assert!(max <= 2e-2 && mean <= 1e-3, "{}", report.last().unwrap());
-                    if case.exp_free && c.stats.rollbacks == 0 {
+                    assert!(max <= max_tol && mean <= mean_tol, "{}", report.last().unwrap());
+                    if exp_free_identical && case.exp_free && c.stats.rollbacks == 0 {
                         assert_eq!(identical, oc.len(), "{}", report.last().unwrap());
                     }
                 }
@@ -277,9 +257,31 @@ fn attention_kernels_match_the_cpu_reference() {
         println!("{r}");
     }
     println!(
-        "attention: {} GPU/CPU comparisons, worst row relative difference {worst_all:.2e}",
+        "{path:?}: {} GPU/CPU comparisons, worst row relative difference {worst_all:.2e}, rows over 1e-2: {big_rows} of {all_rows}",
         report.len()
     );
+    assert!(big_rows * 100 <= all_rows, "more than 1 % of rows differ by over 1e-2");
+    worst_all
+}
+
+/// The simple kernel follows the reference's arithmetic step for step except CUDA's
+/// expf/exp2f/logf (within 2 ulp of the host libm): outputs agree to ≈1e-6 unless an exp
+/// difference flips a P code at a rounding boundary. Bound: per-row relative difference
+/// ≤ 2 % worst, ≤ 1e-3 mean; exp-free rows without rollbacks bit-identical.
+#[test]
+fn simple_kernel_matches_the_cpu_reference() {
+    compare(GpuPath::Simple, 1e-3, 2e-2, true);
+}
+
+/// The tensor-core kernel computes on exactly the quantized operands (bf16 holds every
+/// MX, FP8 and probability value), but sums in the MMA's order, uses the fast exp, and
+/// rounds exact-softmax P to bf16 (as FlashAttention-2 does). Scores then differ in the
+/// last bits, which can move a probability across a code boundary; a dominant key's code
+/// moving one step changes its row by up to the code step. Bound: mean row difference
+/// ≤ 5e-3, worst row ≤ 0.6, and at most 1 % of rows above 1e-2.
+#[test]
+fn tensor_core_kernel_matches_the_cpu_reference() {
+    compare(GpuPath::Auto, 5e-3, 0.6, false);
 }
 
 #[test]

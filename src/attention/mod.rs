@@ -50,10 +50,22 @@ use std::sync::Arc;
 /// Largest head dim accepted.
 pub const MAX_HEAD_DIM: usize = 512;
 
+/// Which CUDA kernel runs (CUDA builds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GpuPath {
+    /// The tensor-core kernel where it takes the call (head dim 64 or 128), else `Simple`.
+    #[default]
+    Auto,
+    /// One warp per query row, the CPU reference's arithmetic step for step: any head dim
+    /// up to 512, slow.
+    Simple,
+}
+
 /// Options of one call beyond the config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {
     pub cpu_path: CpuPath,
+    pub gpu_path: GpuPath,
     /// Also return the log-sum-exp.
     pub lse: bool,
 }
@@ -129,6 +141,7 @@ pub fn attention_ext(
         softmax_scale,
         with_lse: opts.lse,
         cpu_path: opts.cpu_path,
+        gpu_path: opts.gpu_path,
         stats: stats.clone(),
     };
     let raw = q

@@ -22,6 +22,8 @@ pub(crate) struct AttentionOp {
     /// `[b, hq, sq, d]` in the input dtype.
     pub with_lse: bool,
     pub cpu_path: CpuPath,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub gpu_path: super::GpuPath,
     pub stats: Arc<OpStats>,
 }
 

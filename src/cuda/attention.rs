@@ -247,9 +247,15 @@ pub(crate) fn cuda_fwd(
 
     let nq = p.b * p.hq * p.sq * p.d;
     let nk = p.b * p.hkv * p.sk * p.d;
+    // SAFETY: plain query of a pure function of the parameter block.
+    let fast = op.gpu_path == crate::attention::GpuPath::Auto && unsafe { ffi::mxa_attention_mma_supported(&prm) } != 0;
+    let per_channel = matches!(op.cfg.v_format, OperandFormat::PerChannel { .. });
     let mut qp = dev.alloc_zeros::<f32>(nq.max(1))?;
     let mut kp = dev.alloc_zeros::<f32>(nk.max(1))?;
     let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
+    let want_unscaled = fast && per_channel;
+    let mut vu = dev.alloc_zeros::<f32>(if want_unscaled { nk.max(1) } else { 1 })?;
+    let mut vs = dev.alloc_zeros::<f32>(if want_unscaled { (p.b * p.hkv * p.d).max(1) } else { 1 })?;
     let mut bad = dev.alloc_zeros::<i32>(1)?;
     let mut rollbacks = dev.alloc_zeros::<u64>(1)?;
     let raw = stream.cu_stream() as ffi::Stream;
@@ -257,7 +263,14 @@ pub(crate) fn cuda_fwd(
         let (qp_p, _a) = qp.device_ptr_mut(&stream);
         let (kp_p, _b) = kp.device_ptr_mut(&stream);
         let (vp_p, _c) = vp.device_ptr_mut(&stream);
+        let (vu_p, _e) = vu.device_ptr_mut(&stream);
+        let (vs_p, _f) = vs.device_ptr_mut(&stream);
         let (bad_p, _d) = bad.device_ptr_mut(&stream);
+        let (vu_p, vs_p) = if want_unscaled {
+            (vu_p as *mut f32, vs_p as *mut f32)
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
         // SAFETY: every pointer is a live device allocation of the sizes the kernels read
         // and write (prm's geometry), on this stream.
         let rc = unsafe {
@@ -269,6 +282,8 @@ pub(crate) fn cuda_fwd(
                 qp_p as *mut f32,
                 kp_p as *mut f32,
                 vp_p as *mut f32,
+                vu_p,
+                vs_p,
                 bad_p as *mut i32,
                 raw,
             )
@@ -276,33 +291,68 @@ pub(crate) fn cuda_fwd(
         check(rc, "operand preparation")?;
     }
     let rows = p.rows();
-    let out_len = if op.with_lse {
-        rows * (p.d + 1)
+    let out_len = if op.with_lse { rows * (p.d + 1) } else { rows * p.d };
+    // bf16 copies of the prepared operands for the tensor-core kernel
+    let to_bf16 = |x: &candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<_> {
+        let mut y = dev.alloc_zeros::<half::bf16>(n.max(1))?;
+        {
+            let (xp, _a) = x.device_ptr(&stream);
+            let (yp, _b) = y.device_ptr_mut(&stream);
+            // SAFETY: x holds n f32, y n bf16.
+            check(unsafe { ffi::mxa_to_bf16(xp as *const f32, yp as *mut c_void, n as i64, raw) }, "bf16 conversion")?;
+        }
+        Ok(y)
+    };
+    let fast_inputs = if fast {
+        Some((to_bf16(&qp, nq)?, to_bf16(&kp, nk)?, to_bf16(if want_unscaled { &vu } else { &vp }, nk)?))
     } else {
-        rows * p.d
+        None
     };
     macro_rules! launch {
         ($t:ty, $wrap:ident) => {{
             let mut out = dev.alloc_zeros::<$t>(out_len.max(1))?;
             {
-                let (qp_p, _a) = qp.device_ptr(&stream);
-                let (kp_p, _b) = kp.device_ptr(&stream);
-                let (vp_p, _c) = vp.device_ptr(&stream);
                 let (o_p, _d) = out.device_ptr_mut(&stream);
                 let (rb_p, _e) = rollbacks.device_ptr_mut(&stream);
-                let (bad_p, _f) = bad.device_ptr_mut(&stream);
-                // SAFETY: as above; `out` holds rows × (d or d+1) elements of the output dtype.
-                let rc = unsafe {
-                    ffi::mxa_attention_simple(
-                        &prm,
-                        qp_p as *const f32,
-                        kp_p as *const f32,
-                        vp_p as *const f32,
-                        o_p as *mut c_void,
-                        rb_p as *mut u64,
-                        bad_p as *mut i32,
-                        raw,
-                    )
+                let rc = if let Some((qb, kb, vb)) = &fast_inputs {
+                    let (qb_p, _a) = qb.device_ptr(&stream);
+                    let (kb_p, _b) = kb.device_ptr(&stream);
+                    let (vb_p, _c) = vb.device_ptr(&stream);
+                    let (vs_p, _f) = vs.device_ptr(&stream);
+                    let vs_p = if want_unscaled { vs_p as *const f32 } else { std::ptr::null() };
+                    let (bad_p, _g) = bad.device_ptr_mut(&stream);
+                    // SAFETY: bf16 operands of the call's geometry; `out` holds rows × (d or d+1).
+                    unsafe {
+                        ffi::mxa_attention_mma(
+                            &prm,
+                            qb_p as *const c_void,
+                            kb_p as *const c_void,
+                            vb_p as *const c_void,
+                            vs_p,
+                            o_p as *mut c_void,
+                            rb_p as *mut u64,
+                            bad_p as *mut i32,
+                            raw,
+                        )
+                    }
+                } else {
+                    let (qp_p, _a) = qp.device_ptr(&stream);
+                    let (kp_p, _b) = kp.device_ptr(&stream);
+                    let (vp_p, _c) = vp.device_ptr(&stream);
+                    let (bad_p, _f) = bad.device_ptr_mut(&stream);
+                    // SAFETY: as above; `out` holds rows × (d or d+1) elements of the output dtype.
+                    unsafe {
+                        ffi::mxa_attention_simple(
+                            &prm,
+                            qp_p as *const f32,
+                            kp_p as *const f32,
+                            vp_p as *const f32,
+                            o_p as *mut c_void,
+                            rb_p as *mut u64,
+                            bad_p as *mut i32,
+                            raw,
+                        )
+                    }
                 };
                 check(rc, "attention kernel")?;
             }

@@ -100,6 +100,8 @@ extern "C" {
         qp: *mut f32,
         kp: *mut f32,
         vp: *mut f32,
+        v_unscaled: *mut f32,
+        vscale: *mut f32,
         bad: *mut i32,
         stream: Stream,
     ) -> i32;
@@ -108,6 +110,19 @@ extern "C" {
         qp: *const f32,
         kp: *const f32,
         vp: *const f32,
+        out: *mut c_void,
+        rollbacks: *mut u64,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_to_bf16(x: *const f32, y: *mut c_void, n: i64, stream: Stream) -> i32;
+    pub fn mxa_attention_mma_supported(p: *const AttnParams) -> i32;
+    pub fn mxa_attention_mma(
+        p: *const AttnParams,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        vscale: *const f32,
         out: *mut c_void,
         rollbacks: *mut u64,
         bad: *mut i32,
