@@ -19,7 +19,7 @@ use mxattn::mx::ElemFormat;
     about = "Times mxattn's CUDA attention kernels (CUDA events) against candle's CUDA attention"
 )]
 struct Args {
-    /// Shapes `b,hq,hkv,s,d[,causal]`, semicolon separated.
+    /// Shapes `b,hq,hkv,s,d[,causal][,kv=N]` (N keys, default s), semicolon separated.
     #[arg(long, default_value = "1,8,8,2048,128;1,32,8,4096,128,causal")]
     shapes: String,
     #[arg(long, default_value_t = 5)]
@@ -39,6 +39,7 @@ struct ShapeArg {
     hq: usize,
     hkv: usize,
     s: usize,
+    sk: usize,
     d: usize,
     causal: bool,
 }
@@ -51,13 +52,19 @@ fn parse(s: &str) -> Result<Vec<ShapeArg>> {
                 bail!("shape '{p}' must be b,hq,hkv,s,d[,causal]");
             }
             let n: Vec<usize> = f[..5].iter().map(|x| x.parse()).collect::<Result<_, _>>()?;
+            let causal = f[5..].contains(&"causal");
+            let sk = match f[5..].iter().find_map(|x| x.strip_prefix("kv=")) {
+                Some(v) => v.parse()?,
+                None => n[3],
+            };
             Ok(ShapeArg {
                 b: n[0],
                 hq: n[1],
                 hkv: n[2],
                 s: n[3],
+                sk,
                 d: n[4],
-                causal: f.get(5) == Some(&"causal"),
+                causal,
             })
         })
         .collect()
@@ -165,14 +172,19 @@ fn main() -> Result<()> {
     let mut rows = vec![];
     for s in parse(&a.shapes)? {
         let q = Tensor::randn(0f32, 1.0, (s.b, s.hq, s.s, s.d), &dev)?.to_dtype(DType::BF16)?;
-        let k = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.s, s.d), &dev)?.to_dtype(DType::BF16)?;
-        let v = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.s, s.d), &dev)?.to_dtype(DType::BF16)?;
-        let flops = 4.0 * (s.b * s.hq * s.s * s.s * s.d) as f64 * if s.causal { 0.5 } else { 1.0 };
-        let label = format!("({}, {}/{}, {}, {})", s.b, s.hq, s.hkv, s.s, s.d);
+        let k = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.sk, s.d), &dev)?.to_dtype(DType::BF16)?;
+        let v = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.sk, s.d), &dev)?.to_dtype(DType::BF16)?;
+        let causal_frac = if s.causal && s.s == s.sk { 0.5 } else { 1.0 };
+        let flops = 4.0 * (s.b * s.hq * s.s * s.sk * s.d) as f64 * causal_frac;
+        let label = if s.sk == s.s {
+            format!("({}, {}/{}, {}, {})", s.b, s.hq, s.hkv, s.s, s.d)
+        } else {
+            format!("({}, {}/{}, {}x{}, {})", s.b, s.hq, s.hkv, s.s, s.sk, s.d)
+        };
         let keep = |n: &str| a.filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
         // candle's composition materializes the score matrix: skip it where that would not fit
-        let score_bytes = 2.0 * (s.b * s.hq) as f64 * (s.s as f64).powi(2);
-        let base = if score_bytes < 40e9 {
+        let score_bytes = 2.0 * (s.b * s.hq) as f64 * s.s as f64 * s.sk as f64;
+        let base = if score_bytes < 4e9 {
             Some(time_ms(&dev, a.warmup, a.iters, || {
                 candle_attention(&q, &k, &v, s.causal)
             })?)

@@ -14,6 +14,28 @@
 #include <stdint.h>
 #include "softmax_algos.cuh"
 
+// f32 → bf16 of n values (prepared operands into the GEMM's input type).
+__global__ void to_bf16_kernel(const float* __restrict__ x, bf16_t* __restrict__ y, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = f32_to_bf16(x[i]);
+}
+
+extern "C" int mxa_to_bf16(const float* x, void* y, int64_t n, gpuStream_t stream) {
+  if (n <= 0) return MXA_OK;
+  to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, (bf16_t*)y, n);
+  return mxa_status();
+}
+
+#if defined(__HIPCC__)
+// The tensor-core path is written in NVIDIA PTX (mma.sync, ldmatrix, cp.async); AMD builds
+// take the portable kernel of attention_simple.cu for every call.
+extern "C" int mxa_attention_mma_supported(const AttnParams*) { return 0; }
+extern "C" int mxa_attention_mma(const AttnParams*, const void*, const void*, const void*, const float*, void*,
+                                 unsigned long long*, int*, gpuStream_t) {
+  return MXA_ERR_ARGS;
+}
+#else
+
 #define BR 64
 #define BC 128
 #define WARPS 4
@@ -96,13 +118,15 @@ static __device__ __forceinline__ void load_tile(uint8_t* tile, const bf16_t* sr
 
 // One row's 32 scores (this thread's slots) through the algorithm; returns α.
 // e = 2*ntile + {0,1}; block b of 32 keys = slots [8b, 8b+8).
+// ALGO is a template parameter so each kernel carries only its algorithm's code.
+template <int ALGO>
 static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState& st, float* x) {
   float tmax = NEG_INF;
 #pragma unroll
   for (int e = 0; e < 32; e++) tmax = fmaxf(tmax, x[e]);
   tmax = quad_max(tmax);
   float alpha_fused = 1.0f;
-  if (P.algo == ALGO_FUSED && P.fused_kind != FUSED_EXACT_F32) {
+  if (ALGO == ALGO_FUSED && P.fused_kind != FUSED_EXACT_F32) {
     if (!st.started) {
       if (tmax == NEG_INF) {
 #pragma unroll
@@ -132,7 +156,7 @@ static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState&
     for (int e = 0; e < 32; e++) x[e] = fused_prob(P, x[e]);
   } else {
     const float mn = fmaxf(st.m, tmax);
-    const bool base2 = P.algo == ALGO_FUSED;  // the fused floor runs in log2 units
+    const bool base2 = ALGO == ALGO_FUSED;  // the fused floor runs in log2 units
     float alpha = 1.0f;
     if (mn != NEG_INF) alpha = base2 ? exp2f(st.m - mn) : __expf(st.m - mn);
     st.m = mn;
@@ -141,7 +165,7 @@ static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState&
       for (int e = 0; e < 32; e++) x[e] = 0.0f;
       return alpha;
     }
-    if (P.algo == ALGO_EFQ) {
+    if (ALGO == ALGO_EFQ) {
 #pragma unroll
       for (int b = 0; b < 4; b++) {
         float mb = NEG_INF;
@@ -158,7 +182,7 @@ static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState&
     }
 #pragma unroll
     for (int e = 0; e < 32; e++) x[e] = base2 ? exp2f(x[e] - mn) : __expf(x[e] - mn);
-    if (P.algo == ALGO_EXACT) return alpha;
+    if (ALGO == ALGO_EXACT) return alpha;
     // P quantization (ETQ, fused floor with a P format)
     if (P.p_kind == PROB_MX) {
 #pragma unroll
@@ -195,7 +219,7 @@ static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState&
   return alpha_fused;
 }
 
-template <int D>
+template <int D, int ALGO>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_mma_kernel(AttnParams P, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                          const bf16_t* __restrict__ v, const float* __restrict__ vscale, void* __restrict__ out,
@@ -300,7 +324,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
           x[2 * n + c] = live ? val : NEG_INF;
         }
       }
-      alpha[r] = quad_tile(P, st[r], x);
+      alpha[r] = quad_tile<ALGO>(P, st[r], x);
       // the operand as the GEMM sees it (bf16), and its row sum
       float sum = 0.0f;
 #pragma unroll
@@ -382,22 +406,29 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   if (rb) atomicAdd(rollbacks, (unsigned long long)rb);
 }
 
-// f32 → bf16 of n values (prepared operands into the GEMM's input type).
-__global__ void to_bf16_kernel(const float* __restrict__ x, bf16_t* __restrict__ y, int64_t n) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
-}
-
-extern "C" int mxa_to_bf16(const float* x, void* y, int64_t n, gpuStream_t stream) {
-  if (n <= 0) return MXA_OK;
-  to_bf16_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, (bf16_t*)y, n);
-  return mxa_status();
-}
-
 // Whether the fast kernel takes this call (else the caller uses attention_simple).
 extern "C" int mxa_attention_mma_supported(const AttnParams* P) {
   return (P->d == 64 || P->d == 128) && (P->algo != ALGO_EFQ || P->efq_block == 32) &&
          (P->p_kind != PROB_MX || P->p_block == 32);
+}
+
+template <int D, int ALGO>
+static int launch_one(const AttnParams* P, const void* q, const void* k, const void* v, const float* vscale,
+                      void* out, unsigned long long* rollbacks, int* bad, int64_t grid, size_t smem,
+                      gpuStream_t stream) {
+  auto kern = attention_mma_kernel<D, ALGO>;
+  if (gpuFuncSetMaxDynamicSmem(kern, (int)smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
+  kern<<<(unsigned)grid, WARPS * 32, smem, stream>>>(*P, (const bf16_t*)q, (const bf16_t*)k, (const bf16_t*)v, vscale,
+                                                     out, rollbacks, bad);
+  return mxa_status();
+}
+
+template <int ALGO>
+static int launch_algo(const AttnParams* P, const void* q, const void* k, const void* v, const float* vscale,
+                       void* out, unsigned long long* rollbacks, int* bad, int64_t grid, size_t smem,
+                       gpuStream_t stream) {
+  if (P->d == 128) return launch_one<128, ALGO>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
+  return launch_one<64, ALGO>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
 }
 
 extern "C" int mxa_attention_mma(const AttnParams* P, const void* q, const void* k, const void* v,
@@ -408,14 +439,11 @@ extern "C" int mxa_attention_mma(const AttnParams* P, const void* q, const void*
   const int64_t grid = (int64_t)nqb * P->hq * P->b;
   if (grid == 0) return MXA_OK;
   const size_t smem = (size_t)(BR + 2 * BC) * P->d * 2;
-  if (P->d == 128) {
-    if (gpuFuncSetMaxDynamicSmem(attention_mma_kernel<128>, (int)smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
-    attention_mma_kernel<128><<<(unsigned)grid, WARPS * 32, smem, stream>>>(
-        *P, (const bf16_t*)q, (const bf16_t*)k, (const bf16_t*)v, vscale, out, rollbacks, bad);
-  } else {
-    if (gpuFuncSetMaxDynamicSmem(attention_mma_kernel<64>, (int)smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
-    attention_mma_kernel<64><<<(unsigned)grid, WARPS * 32, smem, stream>>>(
-        *P, (const bf16_t*)q, (const bf16_t*)k, (const bf16_t*)v, vscale, out, rollbacks, bad);
+  switch (P->algo) {
+    case ALGO_EXACT: return launch_algo<ALGO_EXACT>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
+    case ALGO_ETQ: return launch_algo<ALGO_ETQ>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
+    case ALGO_FUSED: return launch_algo<ALGO_FUSED>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
+    default: return launch_algo<ALGO_EFQ>(P, q, k, v, vscale, out, rollbacks, bad, grid, smem, stream);
   }
-  return mxa_status();
 }
+#endif  // !__HIPCC__

@@ -39,7 +39,7 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
     if (q_scale != 1.0f) v = v * q_scale;
     row[c] = v;
   }
-  __syncwarp();
+  WARP_SYNC();
   if (hadamard) {
     for (int h = 1; h < d; h *= 2) {
       for (int pidx = lane; pidx < d / 2; pidx += 32) {
@@ -48,10 +48,10 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
         row[i] = a + b;
         row[i + h] = a - b;
       }
-      __syncwarp();
+      WARP_SYNC();
     }
     for (int c = lane; c < d; c += 32) row[c] = row[c] * hscale;
-    __syncwarp();
+    WARP_SYNC();
   }
   if (fmt.kind == OPK_BF16) {
     for (int c = lane; c < d; c += 32) row[c] = round_bf16(row[c]);
@@ -67,7 +67,7 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
       for (int j = 0; j < len; j++) row[j0 + j] = mx_decode(mx_encode(row[j0 + j] * inv, fmt.elem), fmt.elem) * sc;
     }
   }
-  __syncwarp();
+  WARP_SYNC();
   for (int c = lane; c < d; c += 32) out[r * d + c] = row[c];
 }
 
@@ -163,7 +163,7 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
     return;
   }
   for (int c = lane; c < d; c += 32) qrow[c] = q[row * d + c];
-  __syncwarp();
+  WARP_SYNC();
   const float* kh = k + ((int64_t)bb * P.hkv + kvh) * (int64_t)P.sk * d;
   const float* vh = v + ((int64_t)bb * P.hkv + kvh) * (int64_t)P.sk * d;
   float o[MAX_D / 32];
@@ -186,7 +186,7 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
     const float alpha = tile_probs(P, st, s, p);
 #pragma unroll
     for (int sl = 0; sl < TILE_SLOTS; sl++) ps[sl * 32 + lane] = p[sl];
-    __syncwarp();
+    WARP_SYNC();
     if (lane == 0) {
       float sum = 0.0f;
       for (int j = 0; j < tl; j++) sum = sum + ps[j];
@@ -202,7 +202,7 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
       }
       o[ci] = oc;
     }
-    __syncwarp();
+    WARP_SYNC();
   }
   for (int c = lane, ci = 0; c < d; c += 32, ci++) {
     const float val = l > 0.0f ? o[ci] / l : 0.0f;

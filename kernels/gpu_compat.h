@@ -3,7 +3,7 @@
 
 #if defined(__HIPCC__)
 #include <hip/hip_runtime.h>
-#include <hip/hip_bf16.h>
+#include <hip/hip_bfloat16.h>
 #include <hip/hip_fp16.h>
 typedef hip_bfloat16 bf16_t;
 typedef __half f16_t;
@@ -13,8 +13,10 @@ typedef hipError_t gpuError_t;
 #define gpuGetLastError hipGetLastError
 #define gpuFuncSetMaxDynamicSmem(f, bytes) \
   hipFuncSetAttribute((const void*)(f), hipFuncAttributeMaxDynamicSharedMemorySize, (bytes))
-#define SHFL_XOR(v, m) __shfl_xor((v), (m))
-#define SHFL_IDX(v, src) __shfl((v), (src))
+// Our "warps" are 32 lanes; on CDNA a wavefront is 64, so shuffles stay within 32.
+#define SHFL_XOR(v, m) __shfl_xor((v), (m), 32)
+#define SHFL_IDX(v, src) __shfl((v), (src), 32)
+#define WARP_SYNC() __builtin_amdgcn_wave_barrier()
 #define WARP_SIZE warpSize
 static __device__ __forceinline__ float bf16_to_f32(bf16_t x) { return static_cast<float>(x); }
 static __device__ __forceinline__ bf16_t f32_to_bf16(float x) { return bf16_t(x); }
@@ -32,6 +34,7 @@ typedef cudaError_t gpuError_t;
   cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
 #define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define SHFL_IDX(v, src) __shfl_sync(0xffffffffu, (v), (src))
+#define WARP_SYNC() __syncwarp()
 #define WARP_SIZE 32
 static __device__ __forceinline__ float bf16_to_f32(bf16_t x) { return __bfloat162float(x); }
 static __device__ __forceinline__ bf16_t f32_to_bf16(float x) { return __float2bfloat16_rn(x); }

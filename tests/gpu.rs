@@ -5,8 +5,8 @@
 
 use candle_core::{DType, Device, Tensor};
 use mxattn::attention::{
-    attention_ext, AttentionConfig, CpuPath, GpuPath, EfqConfig, EfqRule, EfqScale, FusedProbs,
-    FusedSoftmaxConfig, OperandFormat, ProbFormat, RunOptions,
+    attention_ext, AttentionConfig, CpuPath, EfqConfig, EfqRule, EfqScale, FusedProbs,
+    FusedSoftmaxConfig, GpuPath, OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::{self, ElemFormat, ScaleMode, ALL_FORMATS};
 use mxattn::oracle::{mean_max, row_relative_differences};
@@ -202,14 +202,21 @@ fn cases() -> Vec<Case> {
 }
 
 fn round_bf16(t: &Tensor) -> Tensor {
-    t.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap()
+    t.to_dtype(DType::BF16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
 }
 
 /// Runs every case on the GPU with `path` and on the CPU (tiled), over ragged shapes,
 /// masks and the stress distributions; returns the report lines and the worst row.
 fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool) -> f64 {
     let Some(dev) = gpu() else { return 0.0 };
-    let shapes = [Shape::new(2, 4, 2, 37, 300, 64), Shape::new(1, 2, 1, 20, 129, 128), Shape::new(1, 2, 2, 1, 700, 128)];
+    let shapes = [
+        Shape::new(2, 4, 2, 37, 300, 64),
+        Shape::new(1, 2, 1, 20, 129, 128),
+        Shape::new(1, 2, 2, 1, 700, 128),
+    ];
     let mut report = vec![];
     let mut worst_all = 0f64;
     let mut big_rows = 0usize;
@@ -218,25 +225,51 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
         for dist in Distribution::STRESS {
             let raw = synth::make(dist, *s, 900 + si as u64).unwrap();
             // bf16-exact inputs: the tensor-core path holds operands in bf16
-            let inp = synth::Inputs { q: round_bf16(&raw.q), k: round_bf16(&raw.k), v: round_bf16(&raw.v) };
-            let (qg, kg, vg) = (inp.q.to_device(&dev).unwrap(), inp.k.to_device(&dev).unwrap(), inp.v.to_device(&dev).unwrap());
+            let inp = synth::Inputs {
+                q: round_bf16(&raw.q),
+                k: round_bf16(&raw.k),
+                v: round_bf16(&raw.v),
+            };
+            let (qg, kg, vg) = (
+                inp.q.to_device(&dev).unwrap(),
+                inp.k.to_device(&dev).unwrap(),
+                inp.v.to_device(&dev).unwrap(),
+            );
             for case in cases() {
                 for (causal, lens) in [(false, None), (true, Some(vec![s.sk - 3; s.b]))] {
                     let mut cfg = case.cfg.clone().with_causal(causal);
                     cfg.key_lengths = lens;
-                    let opts = RunOptions { cpu_path: CpuPath::Tiled, gpu_path: path, lse: true };
+                    let opts = RunOptions {
+                        cpu_path: CpuPath::Tiled,
+                        gpu_path: path,
+                        lse: true,
+                    };
                     let c = attention_ext(&inp.q, &inp.k, &inp.v, &cfg, &opts).unwrap();
                     let g = attention_ext(&qg, &kg, &vg, &cfg, &opts).unwrap();
                     let (oc, og) = (vec_f32(&c.out), vec_f32(&g.out));
-                    let (lc, lg) = (vec_f32(c.lse.as_ref().unwrap()), vec_f32(g.lse.as_ref().unwrap()));
-                    assert!(og.iter().all(|x| x.is_finite()), "{} {dist} {s}: non-finite GPU output", case.name);
+                    let (lc, lg) = (
+                        vec_f32(c.lse.as_ref().unwrap()),
+                        vec_f32(g.lse.as_ref().unwrap()),
+                    );
+                    assert!(
+                        og.iter().all(|x| x.is_finite()),
+                        "{} {dist} {s}: non-finite GPU output",
+                        case.name
+                    );
                     let diffs = row_relative_differences(&og, &oc, s.d);
                     let (mean, max) = mean_max(&diffs);
                     big_rows += diffs.iter().filter(|d| **d > 1e-2).count();
                     all_rows += diffs.len();
-                    let identical = oc.iter().zip(&og).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
-                    let lse_max =
-                        lc.iter().zip(&lg).map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() as f64 }).fold(0.0, f64::max);
+                    let identical = oc
+                        .iter()
+                        .zip(&og)
+                        .filter(|(a, b)| a.to_bits() == b.to_bits())
+                        .count();
+                    let lse_max = lc
+                        .iter()
+                        .zip(&lg)
+                        .map(|(a, b)| if a == b { 0.0 } else { (a - b).abs() as f64 })
+                        .fold(0.0, f64::max);
                     worst_all = worst_all.max(max);
                     report.push(format!(
                         "{path:?} {s} {dist} causal={causal} {}: rows rel diff mean {mean:.2e} max {max:.2e}, identical {:.1}%, lse max {lse_max:.1e}, rollbacks cpu {} gpu {}",
@@ -245,7 +278,11 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
                         c.stats.rollbacks,
                         g.stats.rollbacks
                     ));
-                    assert!(max <= max_tol && mean <= mean_tol, "{}", report.last().unwrap());
+                    assert!(
+                        max <= max_tol && mean <= mean_tol,
+                        "{}",
+                        report.last().unwrap()
+                    );
                     if exp_free_identical && case.exp_free && c.stats.rollbacks == 0 {
                         assert_eq!(identical, oc.len(), "{}", report.last().unwrap());
                     }
@@ -260,7 +297,10 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
         "{path:?}: {} GPU/CPU comparisons, worst row relative difference {worst_all:.2e}, rows over 1e-2: {big_rows} of {all_rows}",
         report.len()
     );
-    assert!(big_rows * 100 <= all_rows, "more than 1 % of rows differ by over 1e-2");
+    assert!(
+        big_rows * 100 <= all_rows,
+        "more than 1 % of rows differ by over 1e-2"
+    );
     worst_all
 }
 

@@ -248,14 +248,19 @@ pub(crate) fn cuda_fwd(
     let nq = p.b * p.hq * p.sq * p.d;
     let nk = p.b * p.hkv * p.sk * p.d;
     // SAFETY: plain query of a pure function of the parameter block.
-    let fast = op.gpu_path == crate::attention::GpuPath::Auto && unsafe { ffi::mxa_attention_mma_supported(&prm) } != 0;
+    let fast = op.gpu_path == crate::attention::GpuPath::Auto
+        && unsafe { ffi::mxa_attention_mma_supported(&prm) } != 0;
     let per_channel = matches!(op.cfg.v_format, OperandFormat::PerChannel { .. });
     let mut qp = dev.alloc_zeros::<f32>(nq.max(1))?;
     let mut kp = dev.alloc_zeros::<f32>(nk.max(1))?;
     let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
     let want_unscaled = fast && per_channel;
     let mut vu = dev.alloc_zeros::<f32>(if want_unscaled { nk.max(1) } else { 1 })?;
-    let mut vs = dev.alloc_zeros::<f32>(if want_unscaled { (p.b * p.hkv * p.d).max(1) } else { 1 })?;
+    let mut vs = dev.alloc_zeros::<f32>(if want_unscaled {
+        (p.b * p.hkv * p.d).max(1)
+    } else {
+        1
+    })?;
     let mut bad = dev.alloc_zeros::<i32>(1)?;
     let mut rollbacks = dev.alloc_zeros::<u64>(1)?;
     let raw = stream.cu_stream() as ffi::Stream;
@@ -291,20 +296,32 @@ pub(crate) fn cuda_fwd(
         check(rc, "operand preparation")?;
     }
     let rows = p.rows();
-    let out_len = if op.with_lse { rows * (p.d + 1) } else { rows * p.d };
-    // bf16 copies of the prepared operands for the tensor-core kernel
-    let to_bf16 = |x: &candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<_> {
-        let mut y = dev.alloc_zeros::<half::bf16>(n.max(1))?;
-        {
-            let (xp, _a) = x.device_ptr(&stream);
-            let (yp, _b) = y.device_ptr_mut(&stream);
-            // SAFETY: x holds n f32, y n bf16.
-            check(unsafe { ffi::mxa_to_bf16(xp as *const f32, yp as *mut c_void, n as i64, raw) }, "bf16 conversion")?;
-        }
-        Ok(y)
+    let out_len = if op.with_lse {
+        rows * (p.d + 1)
+    } else {
+        rows * p.d
     };
+    // bf16 copies of the prepared operands for the tensor-core kernel
+    let to_bf16 =
+        |x: &candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<_> {
+            let mut y = dev.alloc_zeros::<half::bf16>(n.max(1))?;
+            {
+                let (xp, _a) = x.device_ptr(&stream);
+                let (yp, _b) = y.device_ptr_mut(&stream);
+                // SAFETY: x holds n f32, y n bf16.
+                check(
+                    unsafe { ffi::mxa_to_bf16(xp as *const f32, yp as *mut c_void, n as i64, raw) },
+                    "bf16 conversion",
+                )?;
+            }
+            Ok(y)
+        };
     let fast_inputs = if fast {
-        Some((to_bf16(&qp, nq)?, to_bf16(&kp, nk)?, to_bf16(if want_unscaled { &vu } else { &vp }, nk)?))
+        Some((
+            to_bf16(&qp, nq)?,
+            to_bf16(&kp, nk)?,
+            to_bf16(if want_unscaled { &vu } else { &vp }, nk)?,
+        ))
     } else {
         None
     };
