@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub(crate) mod cpu;
+pub mod models;
 pub mod mx;
 pub mod oracle;
 pub mod synth;
