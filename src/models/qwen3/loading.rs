@@ -161,6 +161,51 @@ impl CheckpointFiles {
     }
 }
 
+/// Why a safetensors file did not open, naming the first tensor whose bytes lie past the
+/// end of a truncated file when the header is intact.
+fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
+    let generic = format!("cannot read as safetensors: {err}");
+    let Ok(bytes) = std::fs::read(path) else {
+        return generic;
+    };
+    if bytes.len() < 8 {
+        return format!(
+            "truncated: {} bytes, shorter than the 8-byte header length",
+            bytes.len()
+        );
+    }
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    if n > bytes.len() - 8 {
+        return format!(
+            "truncated inside the header: it declares {n} header bytes, the file has {} after the length",
+            bytes.len() - 8
+        );
+    }
+    let Ok(header) = serde_json::from_slice::<serde_json::Value>(&bytes[8..8 + n]) else {
+        return generic;
+    };
+    let data_len = bytes.len() - 8 - n;
+    let mut past: Vec<(usize, String)> = header
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .filter_map(|(k, v)| {
+            let end = v.get("data_offsets")?.get(1)?.as_u64()? as usize;
+            (end > data_len).then(|| (end, k.clone()))
+        })
+        .collect();
+    past.sort();
+    match past.first() {
+        Some((end, name)) => format!(
+            "truncated: tensor {name} needs data up to byte {end}, the file holds {data_len} data bytes \
+             ({} tensors cut off); {generic}",
+            past.len()
+        ),
+        None => generic,
+    }
+}
+
 /// Every tensor a Qwen3 of `cfg` loads, with its shape.
 pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
@@ -202,12 +247,8 @@ pub fn check_checkpoint(cfg: &Config, files: &CheckpointFiles) -> Result<()> {
     for f in &files.weights {
         // SAFETY: the file is mapped read-only; a file changed underneath is the same
         // hazard every mmap loader (candle's included) accepts.
-        let st = unsafe { MmapedSafetensors::new(f) }.map_err(|e| {
-            msg(format!(
-                "{}: cannot read as safetensors (truncated or corrupt?): {e}",
-                f.display()
-            ))
-        })?;
+        let st = unsafe { MmapedSafetensors::new(f) }
+            .map_err(|e| msg(format!("{}: {}", f.display(), diagnose_safetensors(f, &e))))?;
         for (name, view) in st.tensors() {
             if let Some((prev, _, _)) = found.get(&name) {
                 bail!(
@@ -303,9 +344,10 @@ pub fn load(
 
 /// The architecture of `cfg` with random weights (for speed runs without a checkpoint).
 ///
-/// Weights ~ N(0, 0.02²) (transformers' `initializer_range`) drawn on `device` after
-/// `device.set_seed(seed)`, norms 1, biases 0. The values only need to be finite and
-/// of a realistic scale: speed does not depend on them.
+/// Weights ~ N(0, 0.02²) (transformers' `initializer_range`), norms 1, biases 0. On the
+/// CPU they come from [`crate::synth::Rng`]; on a GPU from the device's generator after
+/// `set_seed(seed)` (fast for an 8B model). The values only need to be finite and of a
+/// realistic scale: speed does not depend on them.
 pub fn random(
     cfg: &Config,
     schedule: &Schedule,
@@ -313,7 +355,10 @@ pub fn random(
     device: &Device,
     seed: u64,
 ) -> Result<Qwen3> {
-    device.set_seed(seed)?;
+    let mut rng = crate::synth::Rng::new(seed);
+    if !device.is_cpu() {
+        device.set_seed(seed)?;
+    }
     let mut tensors = HashMap::new();
     for (name, shape) in expected_tensors(cfg) {
         let s = shape.as_slice();
@@ -321,6 +366,9 @@ pub fn random(
             Tensor::ones(s, dtype, device)?
         } else if name.ends_with(".bias") {
             Tensor::zeros(s, dtype, device)?
+        } else if device.is_cpu() {
+            let n = s.iter().product();
+            Tensor::from_vec(rng.normals(n, 0.02), s, device)?.to_dtype(dtype)?
         } else {
             Tensor::randn(0f32, 0.02, s, device)?.to_dtype(dtype)?
         };

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Layers are 0-based. A layer named by two entries, a layer out of range, a second `*`,
-//! or a layer that no entry covers is an error. For example `mxfp6:0-3,last;mxfp4:*` runs
+//! or a layer that no entry covers is an error (the presets alone clamp their ranges to
+//! the model's depth). For example `mxfp6:0-3,last;mxfp4:*` runs
 //! the first four and the last layer in MXFP6 and the others in MXFP4; that is the
 //! `hybrid` preset.
 
@@ -205,6 +206,9 @@ struct Entry {
 pub struct ScheduleSpec {
     text: String,
     entries: Vec<Entry>,
+    /// Presets clamp ranges to the model's depth (so `hybrid` fits any size); a schedule
+    /// the user writes does not.
+    clamp: bool,
 }
 
 fn parse_index(s: &str, entry: &str) -> Result<usize> {
@@ -223,6 +227,7 @@ impl ScheduleSpec {
         if let Some((_, def)) = SCHEDULE_PRESETS.iter().find(|(n, _)| *n == lower) {
             let mut s = Self::parse(def)?;
             s.text = lower;
+            s.clamp = true;
             return Ok(s);
         }
         if compact.is_empty() {
@@ -277,6 +282,7 @@ impl ScheduleSpec {
         Ok(Self {
             text: text.trim().to_string(),
             entries,
+            clamp: false,
         })
     }
 
@@ -290,6 +296,7 @@ impl ScheduleSpec {
                 spec,
                 items: vec![Item::Rest],
             }],
+            clamp: false,
         })
     }
 
@@ -307,7 +314,7 @@ impl ScheduleSpec {
         let mut rest = None;
         for (ei, e) in self.entries.iter().enumerate() {
             for it in &e.items {
-                let (a, b) = match *it {
+                let (a, mut b) = match *it {
                     Item::Rest => {
                         rest = Some(ei);
                         continue;
@@ -316,6 +323,12 @@ impl ScheduleSpec {
                     Item::Layer(i) => (i, i),
                     Item::Range(a, b) => (a, b),
                 };
+                if self.clamp {
+                    if a >= n_layers {
+                        continue;
+                    }
+                    b = b.min(n_layers - 1);
+                }
                 if b >= n_layers {
                     bail!(
                         "attention schedule {:?}: layer {b} of entry {:?} is out of range (the model has {n_layers} layers, 0-{})",
@@ -325,7 +338,7 @@ impl ScheduleSpec {
                     );
                 }
                 for (l, o) in owner.iter_mut().enumerate().take(b + 1).skip(a) {
-                    if let Some(prev) = *o {
+                    if let Some(prev) = o.filter(|&p| p != ei) {
                         bail!(
                             "attention schedule {:?}: layer {l} is assigned twice ({:?} and {:?})",
                             self.text,
