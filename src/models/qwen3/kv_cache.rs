@@ -179,6 +179,12 @@ impl LayerKvCache {
         *self = Self::new(self.format);
     }
 
+    /// Elements of the cached K (the same for V): b · hkv · len · d.
+    pub fn elements(&self) -> usize {
+        self.geometry
+            .map_or(0, |(b, h, d, _)| b * h * d * self.len)
+    }
+
     /// Bytes held: codes, scales, the unquantized V tail and plain tensors.
     pub fn bytes(&self) -> usize {
         let k = match &self.k {

@@ -377,3 +377,98 @@ pub fn random(
     let vb = VarBuilder::from_tensors(tensors, dtype, device);
     Qwen3::new(cfg, schedule, vb)
 }
+
+/// Where the weights come from.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A local checkpoint directory.
+    Dir(PathBuf),
+    /// A Hub repository such as `Qwen/Qwen3-8B` (needs the `hub` feature).
+    Hub {
+        repo: String,
+        revision: Option<String>,
+    },
+    /// Random weights for `config`.
+    Random { config: Box<Config>, seed: u64 },
+}
+
+/// A model ready to run, with its tokenizer file when the source has one.
+pub struct Opened {
+    pub model: Qwen3,
+    pub tokenizer: Option<PathBuf>,
+    /// What was loaded, for logs.
+    pub description: String,
+}
+
+/// Resolves the source, checks and loads the weights, and applies `schedule`.
+pub fn open(
+    source: &ModelSource,
+    schedule: &super::schedule::ScheduleSpec,
+    dtype: DType,
+    device: &Device,
+) -> Result<Opened> {
+    let from_files = |files: CheckpointFiles, what: String| -> Result<Opened> {
+        let cfg = Config::from_file(&files.config)?;
+        let s = schedule.resolve(cfg.num_hidden_layers)?;
+        let model = load(&cfg, &files, &s, dtype, device)?;
+        Ok(Opened {
+            model,
+            tokenizer: files.tokenizer.clone(),
+            description: what,
+        })
+    };
+    match source {
+        ModelSource::Dir(d) => from_files(CheckpointFiles::from_dir(d)?, d.display().to_string()),
+        ModelSource::Hub { repo, revision } => {
+            #[cfg(feature = "hub")]
+            {
+                let files = CheckpointFiles::from_hub(repo, revision.as_deref())?;
+                from_files(files, format!("{repo} (hub)"))
+            }
+            #[cfg(not(feature = "hub"))]
+            {
+                let _ = (revision, from_files);
+                bail!(
+                    "--model {repo}: this build has no Hub support; build with `--features hub`, \
+                     or download the checkpoint and pass --model-dir DIR"
+                )
+            }
+        }
+        ModelSource::Random { config, seed } => {
+            let s = schedule.resolve(config.num_hidden_layers)?;
+            let model = random(config, &s, dtype, device, *seed)?;
+            Ok(Opened {
+                model,
+                tokenizer: None,
+                description: format!(
+                    "random weights ({} layers, hidden {}, {:.2} B parameters, seed {seed})",
+                    config.num_hidden_layers,
+                    config.hidden_size,
+                    config.num_parameters() as f64 / 1e9
+                ),
+            })
+        }
+    }
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" | "gpu" => Device::new_cuda(0),
+        d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Device::new_cuda(i),
+            _ => bail!("unknown device {s:?}; expected cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+/// `f32`, `bf16` or `f16`.
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" => Ok(DType::F16),
+        _ => bail!("unknown dtype {s:?}; expected f32, bf16 or f16"),
+    }
+}

@@ -354,6 +354,14 @@ impl Qwen3 {
         self.layers.iter().map(|l| l.attn.cache.bytes()).sum()
     }
 
+    /// What the caches would hold in bf16 (2 bytes per K and V element), for comparison.
+    pub fn kv_cache_bytes_as_bf16(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| 2 * 2 * l.attn.cache.elements())
+            .sum()
+    }
+
     /// Final hidden states `[b, l, hidden]` for `input` (`[b, l]` token ids, u32), which
     /// continues the cached sequence.
     pub fn forward_hidden(&mut self, input: &Tensor) -> Result<Tensor> {
