@@ -9,8 +9,10 @@
 //! * greedy-continuation match length: `--prompts` prompts of `--prompt-len` tokens cut from
 //!   the text, `--gen-len` greedy tokens each; how many leading tokens equal the baseline's.
 //!
-//!     cargo run --release --bin qwen3_quality -- --model-dir DIR
-//!     cargo run --release --bin qwen3_quality -- --model-dir DIR --schedule hybrid --schedule mxfp4
+//! ```text
+//! cargo run --release --bin qwen3_quality -- --model-dir DIR
+//! cargo run --release --bin qwen3_quality -- --model-dir DIR --schedule hybrid --schedule mxfp4
+//! ```
 //!
 //! On the tiny test checkpoints (vocab 512) use `--tokenizer bytes` (one token per UTF-8
 //! byte): it exercises the code path, it measures nothing about real models.
@@ -29,7 +31,14 @@ use std::time::Instant;
 
 const DEFAULT_TEXT: &str = include_str!("data/pride_and_prejudice_ch1-12.txt");
 const DEFAULT_SCHEDULES: &[&str] = &[
-    "kv-mxfp8", "kv-mxfp4", "mxfp8", "mxfp6", "mxfp4", "hybrid", "fused-mxfp8", "fused-mxfp4",
+    "kv-mxfp8",
+    "kv-mxfp4",
+    "mxfp8",
+    "mxfp6",
+    "mxfp4",
+    "hybrid",
+    "fused-mxfp8",
+    "fused-mxfp4",
     "efq",
 ];
 
@@ -360,7 +369,10 @@ fn main() -> Result<()> {
 
     println!(
         "\nbaseline {}: perplexity {ppl_b:.4} over {} positions; KV cache {} bytes at {} tokens\n",
-        a.baseline, base.n, base.kv_bytes, a.seq_len.min(ids.len())
+        a.baseline,
+        base.n,
+        base.kv_bytes,
+        a.seq_len.min(ids.len())
     );
     println!("| schedule | perplexity | Δ vs baseline | mean KL (nats) | max KL | top-1 agree | greedy match (of {}) | full matches (of {}) | KV bytes | s |", a.gen_len, matches.first().map_or(0, |m| m.len()));
     println!("|---|---|---|---|---|---|---|---|---|---|");
@@ -409,13 +421,20 @@ mod tests {
     /// Every target 1..n is scored exactly once, each with its window's context.
     #[test]
     fn windows_score_every_target_once() {
-        for (n, l, s) in [(10, 4, 2), (2, 4, 1), (100, 32, 31), (101, 32, 7), (5, 5, 4), (3, 2, 1)] {
+        for (n, l, s) in [
+            (10, 4, 2),
+            (2, 4, 1),
+            (100, 32, 31),
+            (101, 32, 7),
+            (5, 5, 4),
+            (3, 2, 1),
+        ] {
             let w = windows(n, l, s);
             let mut seen = vec![0; n];
             for &(a, e, f) in &w {
                 assert!(e - a <= l && a < f && f < e.max(f + 1));
-                for t in f..e {
-                    seen[t] += 1;
+                for c in &mut seen[f..e] {
+                    *c += 1;
                 }
             }
             assert_eq!(seen[0], 0);

@@ -28,11 +28,8 @@ struct Expected {
 }
 
 fn expected(model: &str) -> Expected {
-    let all = candle_core::safetensors::load(
-        fixture_dir("expected.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let all =
+        candle_core::safetensors::load(fixture_dir("expected.safetensors"), &Device::Cpu).unwrap();
     let ids = |k: &str| -> Vec<u32> {
         all[&format!("{model}.{k}")]
             .to_vec1::<i64>()
@@ -120,11 +117,24 @@ fn exact_decode_steps_and_chunked_prefill_match_transformers() {
         let e = expected(model);
         let mut m = load(model, "exact", DType::F32);
         let l = e.prompt.len();
-        let first = m.forward_all(&ids(&e.prompt[..5])).unwrap().squeeze(0).unwrap();
-        let second = m.forward_all(&ids(&e.prompt[5..])).unwrap().squeeze(0).unwrap();
+        let first = m
+            .forward_all(&ids(&e.prompt[..5]))
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+        let second = m
+            .forward_all(&ids(&e.prompt[5..]))
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
         let pre = Tensor::cat(&[&first, &second], 0).unwrap();
         assert!(max_abs_diff(&pre, &e.full_logits.narrow(0, 0, l).unwrap()) < 1e-4);
-        for (i, &t) in e.continuation.iter().enumerate().take(e.continuation.len() - 1) {
+        for (i, &t) in e
+            .continuation
+            .iter()
+            .enumerate()
+            .take(e.continuation.len() - 1)
+        {
             let step = m.forward_last(&ids(&[t])).unwrap().squeeze(0).unwrap();
             let want = e.full_logits.i(l + i).unwrap();
             let d = max_abs_diff(&step, &want);
@@ -178,7 +188,10 @@ fn every_preset_and_schedule_runs_end_to_end_with_finite_logits() {
         let bytes = m.kv_cache_bytes();
         // bf16 halves f32, MX formats cut further (the cache holds 20 tokens here)
         if name != "exact" {
-            assert!(bytes < base_bytes * 20 / 12, "{name}: {bytes} vs {base_bytes}");
+            assert!(
+                bytes < base_bytes * 20 / 12,
+                "{name}: {bytes} vs {base_bytes}"
+            );
         }
     }
 }
@@ -227,8 +240,11 @@ fn cache_contents_do_not_depend_on_arrival() {
             let mut out = None;
             for &len in chunks {
                 out = Some(
-                    c.append(&k.narrow(2, at, len).unwrap(), &v.narrow(2, at, len).unwrap())
-                        .unwrap(),
+                    c.append(
+                        &k.narrow(2, at, len).unwrap(),
+                        &v.narrow(2, at, len).unwrap(),
+                    )
+                    .unwrap(),
                 );
                 at += len;
             }
@@ -251,7 +267,15 @@ fn attention_on_the_cache_equals_attention_on_raw_kv() {
     let k = rand((b, hkv, n, d), 3);
     let v = rand((b, hkv, n, d), 4);
     let q = rand((b, hq, 1, d), 5);
-    for name in ["mxfp8", "mxfp6", "mxfp4", "efq", "efq-exact", "fused-mxfp6", "fused-mxfp4"] {
+    for name in [
+        "mxfp8",
+        "mxfp6",
+        "mxfp4",
+        "efq",
+        "efq-exact",
+        "fused-mxfp6",
+        "fused-mxfp4",
+    ] {
         let spec = layer_preset(name).unwrap();
         let cfg = spec.attn.clone().with_causal(true);
         let mut c = LayerKvCache::new(spec.kv);
@@ -347,10 +371,16 @@ fn schedule_grammar_assigns_layers() {
     // presets clamp to shallow models; a layer named twice by one entry is fine
     let h = ScheduleSpec::parse("hybrid").unwrap().resolve(2).unwrap();
     assert_eq!(names_of(&h), ["mxfp6", "mxfp6"]);
-    let s = ScheduleSpec::parse("mxfp6:0-2,2;mxfp4:*").unwrap().resolve(4).unwrap();
+    let s = ScheduleSpec::parse("mxfp6:0-2,2;mxfp4:*")
+        .unwrap()
+        .resolve(4)
+        .unwrap();
     assert_eq!(s.summary(), "mxfp6: 0-2; mxfp4: 3");
     // '*' may come first; whitespace and case are ignored; a bare name means NAME:*
-    let s = ScheduleSpec::parse(" EXACT:* ; mxfp8 : 1 ").unwrap().resolve(3).unwrap();
+    let s = ScheduleSpec::parse(" EXACT:* ; mxfp8 : 1 ")
+        .unwrap()
+        .resolve(3)
+        .unwrap();
     assert_eq!(names_of(&s), ["exact", "mxfp8", "exact"]);
     let s = ScheduleSpec::parse("efq").unwrap().resolve(2).unwrap();
     assert_eq!(names_of(&s), ["efq", "efq"]);
@@ -406,8 +436,9 @@ fn cfg(extra: &str) -> candle_core::Result<Config> {
 
 #[test]
 fn config_accepts_both_rope_forms() {
-    let a = cfg(r#", "rope_theta": 1000000.0, "tie_word_embeddings": true, "eos_token_id": 151645"#)
-        .unwrap();
+    let a =
+        cfg(r#", "rope_theta": 1000000.0, "tie_word_embeddings": true, "eos_token_id": 151645"#)
+            .unwrap();
     let b = cfg(
         r#", "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
              "tie_word_embeddings": true, "eos_token_id": [151645]"#,
@@ -433,18 +464,34 @@ fn config_accepts_both_rope_forms() {
 fn config_errors() {
     let e = |extra: &str| cfg(extra).unwrap_err().to_string();
     assert!(e("").contains("no RoPE base"));
-    assert!(e(r#", "rope_theta": 1.0, "rope_parameters": {"rope_theta": 2.0}"#).contains("disagree"));
+    assert!(
+        e(r#", "rope_theta": 1.0, "rope_parameters": {"rope_theta": 2.0}"#).contains("disagree")
+    );
     assert!(e(r#", "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn"}"#).contains("yarn"));
-    assert!(e(r#", "rope_theta": 1e6, "rope_scaling": {"type": "yarn", "factor": 4.0}"#)
-        .contains("rope_scaling"));
+    assert!(
+        e(r#", "rope_theta": 1e6, "rope_scaling": {"type": "yarn", "factor": 4.0}"#)
+            .contains("rope_scaling")
+    );
     assert!(e(r#", "rope_theta": 1e6, "use_sliding_window": true"#).contains("sliding"));
-    let bad = Config::from_json_str(r#"{"vocab_size": 10}"#).unwrap_err().to_string();
+    let bad = Config::from_json_str(r#"{"vocab_size": 10}"#)
+        .unwrap_err()
+        .to_string();
     assert!(bad.contains("missing field"), "{bad}");
     let p = fixture_dir("no-such-dir").join("config.json");
-    assert!(Config::from_file(&p).unwrap_err().to_string().contains("no-such-dir"));
-    assert_eq!(Config::preset("Qwen/Qwen3-8B").unwrap().num_hidden_layers, 36);
+    assert!(Config::from_file(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("no-such-dir"));
+    assert_eq!(
+        Config::preset("Qwen/Qwen3-8B").unwrap().num_hidden_layers,
+        36
+    );
     assert!(!Config::preset("Qwen/Qwen3-8B").unwrap().tie_word_embeddings);
-    assert!(Config::preset("Qwen/Qwen3-0.6B").unwrap().tie_word_embeddings);
+    assert!(
+        Config::preset("Qwen/Qwen3-0.6B")
+            .unwrap()
+            .tie_word_embeddings
+    );
     assert!(Config::preset("Qwen/Qwen2-7B").is_err());
 }
 
@@ -470,7 +517,10 @@ impl Scratch {
             Err(e) => return e.to_string(),
         };
         let cfg = Config::from_file(&files.config).unwrap();
-        let s = ScheduleSpec::parse("exact").unwrap().resolve(cfg.num_hidden_layers).unwrap();
+        let s = ScheduleSpec::parse("exact")
+            .unwrap()
+            .resolve(cfg.num_hidden_layers)
+            .unwrap();
         match loading::load(&cfg, &files, &s, DType::F32, &Device::Cpu) {
             Ok(_) => panic!("loading {} should fail", self.0.display()),
             Err(e) => e.to_string(),
@@ -506,14 +556,19 @@ fn truncated_checkpoint_names_the_file_and_tensor() {
     // a file cut inside its header
     f.set_len(100).unwrap();
     let e = s.load_err();
-    assert!(e.contains("model.safetensors") && e.contains("truncated inside the header"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated inside the header"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_shape_names_the_file_tensor_and_shapes() {
     let s = Scratch::of("tiny", "shape");
     s.edit("model.safetensors", |t| {
-        let w = t["model.layers.1.self_attn.k_norm.weight"].narrow(0, 0, 16).unwrap();
+        let w = t["model.layers.1.self_attn.k_norm.weight"]
+            .narrow(0, 0, 16)
+            .unwrap();
         t.insert("model.layers.1.self_attn.k_norm.weight".into(), w);
     });
     let e = s.load_err();
@@ -535,9 +590,10 @@ fn missing_tensor_and_bad_index_are_named() {
 
     // sharded: a tensor removed from the shard the index names
     let s = Scratch::of("tiny_tied", "shard");
-    let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(s.0.join("model.safetensors.index.json")).unwrap())
-            .unwrap();
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(s.0.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
     let name = "model.layers.0.mlp.up_proj.weight";
     let shard = index["weight_map"][name].as_str().unwrap().to_string();
     s.edit(&shard, |t| {
@@ -561,7 +617,10 @@ fn missing_tensor_and_bad_index_are_named() {
     )
     .unwrap();
     let e = s.load_err();
-    assert!(e.contains(name) && e.contains(other) && e.contains(&shard), "{e}");
+    assert!(
+        e.contains(name) && e.contains(other) && e.contains(&shard),
+        "{e}"
+    );
 
     // an index listing a shard that is not there
     let s = Scratch::of("tiny_tied", "noshard");
@@ -580,13 +639,20 @@ fn missing_tensor_and_bad_index_are_named() {
 #[test]
 fn random_weights_build_any_config() {
     let c = Config::from_file(fixture_dir("tiny_tied").join("config.json")).unwrap();
-    let s = ScheduleSpec::parse("hybrid").unwrap().resolve(c.num_hidden_layers).unwrap();
+    let s = ScheduleSpec::parse("hybrid")
+        .unwrap()
+        .resolve(c.num_hidden_layers)
+        .unwrap();
     let mut m = loading::random(&c, &s, DType::F32, &Device::Cpu, 1).unwrap();
     let l = m.forward_all(&ids(&[1, 2, 3, 4])).unwrap();
     assert_eq!(l.dims(), &[1, 4, 512]);
     assert!(all_finite(&l));
     // positions past max_position_embeddings and ids past the vocabulary are errors
-    assert!(m.forward_all(&ids(&[600])).unwrap_err().to_string().contains("vocabulary"));
+    assert!(m
+        .forward_all(&ids(&[600]))
+        .unwrap_err()
+        .to_string()
+        .contains("vocabulary"));
     let long: Vec<u32> = (0..200).map(|i| i % 500).collect();
     m.clear_kv_cache();
     assert!(m

@@ -23,10 +23,24 @@ fn quality_eval_runs_on_the_tiny_checkpoint() {
         .into();
     let status = Command::new(env!("CARGO_BIN_EXE_qwen3_quality"))
         .args(["--model-dir", dir.to_str().unwrap()])
-        .args(["--text", &text, "--tokenizer", "bytes", "--max-tokens", "100"])
+        .args([
+            "--text",
+            &text,
+            "--tokenizer",
+            "bytes",
+            "--max-tokens",
+            "100",
+        ])
         .args(["--seq-len", "128", "--stride", "64"])
         .args(["--prompts", "2", "--prompt-len", "16", "--gen-len", "8"])
-        .args(["--schedule", "bf16", "--schedule", "mxfp4", "--schedule", "mxfp6:0;efq:*"])
+        .args([
+            "--schedule",
+            "bf16",
+            "--schedule",
+            "mxfp4",
+            "--schedule",
+            "mxfp6:0;efq:*",
+        ])
         .args(["--json", out.to_str().unwrap()])
         .status()
         .unwrap();
@@ -69,13 +83,20 @@ fn quality_eval_runs_on_the_tiny_checkpoint() {
         .map(|&b| b as u32)
         .collect();
     let logits = m
-        .forward_all(&Tensor::new(bytes.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap())
+        .forward_all(
+            &Tensor::new(bytes.as_slice(), &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap(),
+        )
         .unwrap()
         .squeeze(0)
         .unwrap();
     let lp = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
     let lp = lp.to_vec2::<f32>().unwrap();
-    let nll: f64 = (0..99).map(|i| -(lp[i][bytes[i + 1] as usize] as f64)).sum();
+    let nll: f64 = (0..99)
+        .map(|i| -(lp[i][bytes[i + 1] as usize] as f64))
+        .sum();
     let ppl = (nll / 99.0).exp();
     let got = f(same, "ppl_baseline");
     assert!((got - ppl).abs() < 1e-6 * ppl, "{got} vs {ppl}");

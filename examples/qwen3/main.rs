@@ -53,7 +53,10 @@ struct Args {
     tokenizer: Option<PathBuf>,
 
     /// The user message.
-    #[arg(long, default_value = "Give me a short introduction to large language models.")]
+    #[arg(
+        long,
+        default_value = "Give me a short introduction to large language models."
+    )]
     prompt: String,
     /// An optional system message.
     #[arg(long)]
@@ -163,7 +166,12 @@ fn run(a: Args) -> Result<()> {
             revision: a.revision.clone(),
         }
     };
-    println!("loading {} on {:?} in {:?} …", source_name(&source, &a), device, dtype);
+    println!(
+        "loading {} on {:?} in {:?} …",
+        source_name(&source, &a),
+        device,
+        dtype
+    );
     let t0 = std::time::Instant::now();
     let opened = loading::open(&source, &schedule, dtype, &device)?;
     let mut model = opened.model;
@@ -236,9 +244,7 @@ fn run(a: Args) -> Result<()> {
     }
     let thinking = !a.no_think;
     let mut params = SamplingParams {
-        temperature: a
-            .temperature
-            .unwrap_or(if thinking { 0.6 } else { 0.7 }),
+        temperature: a.temperature.unwrap_or(if thinking { 0.6 } else { 0.7 }),
         top_p: Some(a.top_p.unwrap_or(if thinking { 0.95 } else { 0.8 })),
         top_k: Some(a.top_k.unwrap_or(20)),
         seed: a.seed,

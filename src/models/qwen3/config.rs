@@ -87,7 +87,8 @@ impl Config {
         let p = path.as_ref();
         let s = std::fs::read_to_string(p)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))?;
-        Self::from_json_str(&s).map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))
+        Self::from_json_str(&s)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))
     }
 
     fn from_raw(r: RawConfig) -> Result<Self> {

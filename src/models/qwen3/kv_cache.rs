@@ -181,8 +181,7 @@ impl LayerKvCache {
 
     /// Elements of the cached K (the same for V): b · hkv · len · d.
     pub fn elements(&self) -> usize {
-        self.geometry
-            .map_or(0, |(b, h, d, _)| b * h * d * self.len)
+        self.geometry.map_or(0, |(b, h, d, _)| b * h * d * self.len)
     }
 
     /// Bytes held: codes, scales, the unquantized V tail and plain tensors.

@@ -210,7 +210,10 @@ fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
 pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    let mut v = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let mut push = |n: &str, s: Vec<usize>| v.push((format!("{p}.{n}"), s));

@@ -18,8 +18,8 @@
 
 use super::kv_cache::{CacheFormat, KvFormat};
 use crate::attention::{
-    Algorithm, AttentionConfig, EfqConfig, EfqRule, FusedProbs,
-    FusedSoftmaxConfig, OperandFormat, ProbFormat,
+    Algorithm, AttentionConfig, EfqConfig, EfqRule, FusedProbs, FusedSoftmaxConfig, OperandFormat,
+    ProbFormat,
 };
 use crate::mx::ElemFormat;
 use candle_core::{bail, Result};
@@ -94,22 +94,64 @@ impl LayerSpec {
 
 /// Named layer configs, for `--attn` and schedule entries: (name, description).
 pub const LAYER_PRESETS: &[(&str, &str)] = &[
-    ("exact", "exact softmax on the operands as computed; cache in the model dtype"),
-    ("bf16", "exact softmax on bf16 Q/K/V; bf16 cache (the BF16 baseline)"),
-    ("mxfp8", "exp-then-quantize: MXFP8 E4M3 Q/K (along d), V (along keys) and P; MXFP8 cache"),
-    ("mxfp6", "exp-then-quantize: MXFP6 E2M3 Q/K, V and P; MXFP6 cache"),
-    ("mxfp4", "exp-then-quantize: MXFP4 E2M1 Q/K, V and P; MXFP4 cache"),
+    (
+        "exact",
+        "exact softmax on the operands as computed; cache in the model dtype",
+    ),
+    (
+        "bf16",
+        "exact softmax on bf16 Q/K/V; bf16 cache (the BF16 baseline)",
+    ),
+    (
+        "mxfp8",
+        "exp-then-quantize: MXFP8 E4M3 Q/K (along d), V (along keys) and P; MXFP8 cache",
+    ),
+    (
+        "mxfp6",
+        "exp-then-quantize: MXFP6 E2M3 Q/K, V and P; MXFP6 cache",
+    ),
+    (
+        "mxfp4",
+        "exp-then-quantize: MXFP4 E2M1 Q/K, V and P; MXFP4 cache",
+    ),
     ("fused", "= fused-mxfp8"),
-    ("fused-mxfp8", "Fused-Softmax (fp32-bits P), AMD MXFP8 Q/K rule, MXFP8 V; Hadamard"),
-    ("fused-mxfp6", "Fused-Softmax (u8-code P), MXFP6 E2M3 Q/K and V; Hadamard"),
-    ("fused-mxfp4", "Fused-Softmax (u8-code P), MXFP4 Q/K (rceil) and V; Hadamard"),
+    (
+        "fused-mxfp8",
+        "Fused-Softmax (fp32-bits P), AMD MXFP8 Q/K rule, MXFP8 V; Hadamard",
+    ),
+    (
+        "fused-mxfp6",
+        "Fused-Softmax (u8-code P), MXFP6 E2M3 Q/K and V; Hadamard",
+    ),
+    (
+        "fused-mxfp4",
+        "Fused-Softmax (u8-code P), MXFP4 Q/K (rceil) and V; Hadamard",
+    ),
     ("efq", "= efq-mmlu"),
-    ("efq-mmlu", "EFQ-Softmax, MMLU point (tau -2.90, h 2.00); MXFP4 Q/K and V"),
-    ("efq-mean", "EFQ-Softmax, Mean point (tau -3.06, h 2.30); MXFP4 Q/K and V"),
-    ("efq-exact", "EFQ exact thresholds (= exp -> MXFP4 P, no exp); MXFP4 Q/K and V"),
-    ("kv-mxfp8", "exact softmax, unquantized Q; K/V cached in MXFP8 E4M3"),
-    ("kv-mxfp6", "exact softmax, unquantized Q; K/V cached in MXFP6 E2M3"),
-    ("kv-mxfp4", "exact softmax, unquantized Q; K/V cached in MXFP4 E2M1"),
+    (
+        "efq-mmlu",
+        "EFQ-Softmax, MMLU point (tau -2.90, h 2.00); MXFP4 Q/K and V",
+    ),
+    (
+        "efq-mean",
+        "EFQ-Softmax, Mean point (tau -3.06, h 2.30); MXFP4 Q/K and V",
+    ),
+    (
+        "efq-exact",
+        "EFQ exact thresholds (= exp -> MXFP4 P, no exp); MXFP4 Q/K and V",
+    ),
+    (
+        "kv-mxfp8",
+        "exact softmax, unquantized Q; K/V cached in MXFP8 E4M3",
+    ),
+    (
+        "kv-mxfp6",
+        "exact softmax, unquantized Q; K/V cached in MXFP6 E2M3",
+    ),
+    (
+        "kv-mxfp4",
+        "exact softmax, unquantized Q; K/V cached in MXFP4 E2M1",
+    ),
 ];
 
 /// Named whole-model schedules: (name, definition).
@@ -237,7 +279,9 @@ impl ScheduleSpec {
         let mut rest_seen = false;
         for raw in compact.split(';') {
             if raw.is_empty() {
-                bail!("attention schedule {text:?}: empty entry (two ';' in a row or a trailing ';')");
+                bail!(
+                    "attention schedule {text:?}: empty entry (two ';' in a row or a trailing ';')"
+                );
             }
             let (name, layers) = match raw.split_once(':') {
                 Some((n, l)) => (n, l),
@@ -354,10 +398,9 @@ impl ScheduleSpec {
         let mut missing = Vec::new();
         for (l, o) in owner.iter().enumerate() {
             match o.or(rest) {
-                Some(ei) => layers.push((
-                    self.entries[ei].name.clone(),
-                    self.entries[ei].spec.clone(),
-                )),
+                Some(ei) => {
+                    layers.push((self.entries[ei].name.clone(), self.entries[ei].spec.clone()))
+                }
                 None => missing.push(l),
             }
         }
