@@ -661,3 +661,95 @@ fn random_weights_build_any_config() {
         .to_string()
         .contains("max_position_embeddings"));
 }
+
+/// Rotating q and k in the model (what Fused-Softmax layers do, so the cache holds rotated
+/// keys) computes the op's own Hadamard variant up to float rounding before quantization.
+#[test]
+fn model_side_hadamard_matches_the_ops_rotation() {
+    use mxattn::attention::{Algorithm, FusedSoftmaxConfig};
+    let (b, hq, hkv, n, d) = (1, 4, 2, 300, 128);
+    let q = rand((b, hq, n, d), 11);
+    let k = rand((b, hkv, n, d), 12);
+    let v = rand((b, hkv, n, d), 13);
+    // H/√d by the op's own fast transform applied to the identity
+    let mut h = vec![0f32; d * d];
+    for j in 0..d {
+        let mut e = vec![0f32; d];
+        e[j] = 1.0;
+        mxattn::attention::hadamard::hadamard_rotate(&mut e);
+        for i in 0..d {
+            h[i * d + j] = e[i];
+        }
+    }
+    let h = Tensor::from_vec(h, (d, d), &Device::Cpu).unwrap();
+    let rot = |x: &Tensor| x.broadcast_matmul(&h.t().unwrap()).unwrap();
+    let exact = attention(&q, &k, &v, &AttentionConfig::exact().with_causal(true)).unwrap();
+    for name in ["fused-mxfp8", "fused-mxfp6", "fused-mxfp4"] {
+        let spec = layer_preset(name).unwrap();
+        assert!(spec.rotate_qk);
+        let model_side =
+            attention(&rot(&q), &rot(&k), &v, &spec.attn.clone().with_causal(true)).unwrap();
+        let mut op_side_cfg = spec.attn.clone().with_causal(true);
+        if let Algorithm::FusedSoftmax(f) = &mut op_side_cfg.algorithm {
+            *f = FusedSoftmaxConfig {
+                hadamard: true,
+                ..*f
+            };
+        }
+        let op_side = attention(&q, &k, &v, &op_side_cfg).unwrap();
+        let rel = |a: &Tensor, b: &Tensor| {
+            let num = (a - b)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let den = b
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            (num / den).sqrt()
+        };
+        let e_model = rel(&model_side, &exact);
+        let e_op = rel(&op_side, &exact);
+        let between = rel(&model_side, &op_side);
+        println!("{name}: model-side {e_model:.4e} op-side {e_op:.4e} between {between:.4e}");
+        // the same algorithm: equal error level, and far closer to each other than to exact
+        assert!((e_model - e_op).abs() < 0.05 * e_op, "{name}");
+        assert!(between < 0.2 * e_op, "{name}");
+    }
+}
+
+/// A batch of two different prompts gives each row the logits it gets alone.
+#[test]
+fn batched_prompts_match_single_runs() {
+    let e = expected("tiny");
+    let a = e.prompt.clone();
+    let b: Vec<u32> = e.prompt.iter().rev().copied().collect();
+    for sched in ["exact", "mxfp4", "fused-mxfp6"] {
+        let mut m = load("tiny", sched, DType::F32);
+        let both = Tensor::new(vec![a.clone(), b.clone()], &Device::Cpu).unwrap();
+        let lb = m.forward_all(&both).unwrap();
+        let step = m
+            .forward_last(&Tensor::new(&[[1u32], [2]], &Device::Cpu).unwrap())
+            .unwrap();
+        for (row, p, next) in [(0, &a, 1u32), (1, &b, 2)] {
+            m.clear_kv_cache();
+            let single = m.forward_all(&ids(p)).unwrap().squeeze(0).unwrap();
+            assert!(
+                max_abs_diff(&lb.i(row).unwrap(), &single) < 1e-5,
+                "{sched} row {row}"
+            );
+            let s = m.forward_last(&ids(&[next])).unwrap().squeeze(0).unwrap();
+            assert!(
+                max_abs_diff(&step.i(row).unwrap(), &s) < 1e-5,
+                "{sched} step {row}"
+            );
+        }
+    }
+}

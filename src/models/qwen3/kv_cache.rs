@@ -14,14 +14,18 @@
 //!
 //! Attention then runs on the dequantized cache with the layer's own formats. The op
 //! quantizes its inputs again, and that is harmless: MX quantize∘dequantize is a fixed
-//! point for the Floor rule (the block max code lies in [2^emax, max], so the re-derived
-//! scale is the same and every value is already on the grid), and value-preserving for
-//! Rceil and Ceil (a re-derived scale can only drop, and a finer grid holds the coarser
-//! one). With AMD's MXFP8 round-up rule a block whose max code is 448 re-derives a scale
-//! one binade up, which can flush its E4M3 subnormals (below 2^-9 of 448, ~5·10^-6 of the
-//! block max). A partial V block is quantized by the op over the keys present, exactly as
-//! if the sequence ended there. Net effect: a decode step computes what the op computes on
-//! the unquantized K/V it has seen (`tests/qwen3.rs` checks this bit for bit).
+//! point. Under the OCP Floor rule the block max code lies in [2^emax, max], so the
+//! re-derived scale is the same and every value is already on the grid (codes and scales
+//! come back identical); under Ceil, Rceil and Even the represented values come back
+//! identical (a re-derived scale can only drop, and a finer grid holds the coarser one);
+//! `tests/mx_tensor.rs` checks all four. With AMD's MXFP8 round-up rule a block whose max
+//! code is 448 re-derives a scale one binade up, which can flush its E4M3 subnormals
+//! (below 2^-9 of 448, ~5·10^-6 of the block max). A partial V block is quantized by the
+//! op over the keys present, exactly as if the sequence ended there. Net effect: a decode
+//! step computes what the op computes on the unquantized K/V it has seen
+//! (`tests/qwen3.rs` checks this bit for bit). Setting the op's K/V formats to Native
+//! instead would be wrong twice over: Q/K share one format, and the raw V tail would
+//! escape quantization.
 //!
 //! One difference from a causal prefill is inherent to MX V along keys: in a prefill, the
 //! scale of a V block is taken over all of its 32 keys, so a query sees a scale that

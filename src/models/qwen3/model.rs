@@ -70,22 +70,18 @@ impl Rotary {
     }
 }
 
-/// `H_d / √d` (Sylvester order), the rotation `hadamard_rotate` applies, as a matrix.
+/// `H_d / √d` as a matrix, built from the op's own transform
+/// ([`crate::attention::hadamard::hadamard_rotate`]) so both rotations are one definition.
+/// It is symmetric, so `x · H` rotates the rows of `x`.
 fn hadamard_matrix(d: usize, dev: &Device) -> Result<Tensor> {
     if !d.is_power_of_two() {
         bail!("qwen3: the Hadamard rotation needs a power-of-two head dim, got {d}");
     }
-    let s = 1.0 / (d as f32).sqrt();
-    let data: Vec<f32> = (0..d * d)
-        .map(|ij| {
-            let (i, j) = (ij / d, ij % d);
-            if (i & j).count_ones() % 2 == 0 {
-                s
-            } else {
-                -s
-            }
-        })
-        .collect();
+    let mut data = vec![0f32; d * d];
+    for (j, row) in data.chunks_mut(d).enumerate() {
+        row[j] = 1.0;
+        crate::attention::hadamard::hadamard_rotate(row);
+    }
     Tensor::from_vec(data, (d, d), dev)
 }
 
