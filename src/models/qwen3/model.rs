@@ -127,10 +127,18 @@ struct Attention {
     /// `H/√d` in f32 when `spec.rotate_qk`
     hadamard: Option<Tensor>,
     cache: LayerKvCache,
+    /// layer index, for error messages
+    index: usize,
 }
 
 impl Attention {
-    fn new(cfg: &Config, rotary: Arc<Rotary>, spec: LayerSpec, vb: VarBuilder) -> Result<Self> {
+    fn new(
+        cfg: &Config,
+        rotary: Arc<Rotary>,
+        spec: LayerSpec,
+        index: usize,
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         let bias = cfg.attention_bias;
@@ -149,6 +157,7 @@ impl Attention {
             cache: LayerKvCache::new(spec.kv),
             spec,
             hadamard,
+            index,
         })
     }
 
@@ -207,7 +216,9 @@ impl Attention {
         let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
         let (k_all, v_all) = self.cache.append(&k, &v.contiguous()?)?;
         let cfg = self.spec.attn.clone().with_causal(true);
-        let o = attention(&q, &k_all, &v_all, &cfg)?;
+        let o = attention(&q, &k_all, &v_all, &cfg).map_err(|e| {
+            candle_core::Error::Msg(format!("qwen3 layer {} ({}): {e}", self.index, cfg.label()))
+        })?;
         o.transpose(1, 2)?
             .reshape((b, l, nh * d))?
             .apply(&self.o_proj)
@@ -223,9 +234,15 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(cfg: &Config, rotary: Arc<Rotary>, spec: LayerSpec, vb: VarBuilder) -> Result<Self> {
+    fn new(
+        cfg: &Config,
+        rotary: Arc<Rotary>,
+        spec: LayerSpec,
+        index: usize,
+        vb: VarBuilder,
+    ) -> Result<Self> {
         Ok(Self {
-            attn: Attention::new(cfg, rotary, spec, vb.pp("self_attn"))?,
+            attn: Attention::new(cfg, rotary, spec, index, vb.pp("self_attn"))?,
             mlp: Mlp::new(cfg, vb.pp("mlp"))?,
             ln1: rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
             ln2: rms_norm(
@@ -285,6 +302,7 @@ impl Qwen3 {
                 cfg,
                 rotary.clone(),
                 schedule.layer(i).clone(),
+                i,
                 vb_l.pp(i),
             )?);
         }
