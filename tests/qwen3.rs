@@ -753,3 +753,46 @@ fn batched_prompts_match_single_runs() {
         }
     }
 }
+
+/// What a kernel reading codes directly would see: MX K over all tokens, MX V over the
+/// full 32-key blocks plus the raw tail, and the same values `dequantized` gives.
+#[test]
+fn cache_views_expose_codes_scales_and_the_tail() {
+    use mxattn::models::qwen3::CachedOperand;
+    let (b, h, n, d) = (1, 2, 77, 64);
+    let k = rand((b, h, n, d), 21);
+    let v = rand((b, h, n, d), 22);
+    let f = mx(ElemFormat::E2M1, ScaleMode::Floor);
+    let mut c = LayerKvCache::new(KvFormat { k: f, v: f });
+    assert!(c.k_view().unwrap().is_none());
+    c.push(&k, &v).unwrap();
+    let (kd, vd) = c.dequantized().unwrap();
+    match c.k_view().unwrap().unwrap() {
+        CachedOperand::Mx {
+            full: Some(m),
+            tail: None,
+        } => {
+            assert_eq!(m.shape().dims(), &[b, h, n, d]);
+            assert_eq!(m.codes().dims(), &[b, h, n, d / 2]);
+            assert_eq!(bits(&m.dequantize().unwrap()), bits(&kd));
+        }
+        o => panic!("{o:?}"),
+    }
+    match c.v_view().unwrap().unwrap() {
+        CachedOperand::Mx {
+            full: Some(m),
+            tail: Some(t),
+        } => {
+            assert_eq!(m.shape().dims(), &[b, h, 64, d]);
+            assert_eq!(m.scales().dims(), &[b, h, d, 2]);
+            // the tail is the raw input
+            assert_eq!(bits(t), bits(&v.narrow(2, 64, 13).unwrap()));
+            assert_eq!(bits(&vd.narrow(2, 64, 13).unwrap()), bits(t));
+            assert_eq!(
+                bits(&m.dequantize().unwrap()),
+                bits(&vd.narrow(2, 0, 64).unwrap())
+            );
+        }
+        o => panic!("{o:?}"),
+    }
+}

@@ -209,6 +209,14 @@ impl LayerKvCache {
     /// Appends `k`, `v` (`[b, hkv, t, d]`, the model dtype) and returns the whole cached
     /// K and V, dequantized to that dtype.
     pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.push(k, v)?;
+        self.dequantized()
+    }
+
+    /// Appends `k`, `v` (`[b, hkv, t, d]`, the model dtype), storing them in the cache's
+    /// format. A kernel that reads codes directly follows this with [`Self::k_view`] and
+    /// [`Self::v_view`] instead of [`Self::dequantized`].
+    pub fn push(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
         let (b, h, t, d) = k.dims4()?;
         if v.dims() != k.dims() {
             bail!(
@@ -218,6 +226,9 @@ impl LayerKvCache {
             );
         }
         let dtype = k.dtype();
+        if v.dtype() != dtype {
+            bail!("kv cache: k is {dtype:?} but v is {:?}", v.dtype());
+        }
         match self.geometry {
             None => self.geometry = Some((b, h, d, dtype)),
             Some(g) if g != (b, h, d, dtype) => bail!(
@@ -232,15 +243,13 @@ impl LayerKvCache {
         if t == 0 {
             bail!("kv cache: nothing to append (0 tokens)");
         }
-        let k = k.contiguous()?;
-        let v = v.contiguous()?;
-        let k_all = self.append_k(&k, dtype)?;
-        let v_all = self.append_v(&v, dtype)?;
+        self.push_k(&k.contiguous()?)?;
+        self.push_v(&v.contiguous()?)?;
         self.len += t;
-        Ok((k_all, v_all))
+        Ok(())
     }
 
-    fn append_k(&mut self, k: &Tensor, dtype: DType) -> Result<Tensor> {
+    fn push_k(&mut self, k: &Tensor) -> Result<()> {
         let fmt = self.format.k;
         match (&mut self.k, fmt) {
             (KStore::Dense(store), _) => {
@@ -249,34 +258,19 @@ impl LayerKvCache {
                 } else {
                     k.clone()
                 };
-                let all = cat_opt(store, &stored, 2)?;
-                *store = Some(all.clone());
-                all.to_dtype(dtype)
+                *store = Some(cat_opt(store, &stored, 2)?);
             }
             (KStore::Mx { codes, scales }, CacheFormat::Mx { elem, scale, block }) => {
                 let q = quantize(k, elem, scale, 3, block)?;
-                let c = cat_opt(codes, q.codes(), 2)?;
-                let s = cat_opt(scales, q.scales(), 2)?;
-                let (b, h, _, d) = k.dims4()?;
-                let n = c.dim(2)?;
-                let mx = MxTensor::from_parts(
-                    c.clone(),
-                    s.clone(),
-                    elem,
-                    scale,
-                    block,
-                    3,
-                    Shape::from_dims(&[b, h, n, d]),
-                )?;
-                *codes = Some(c);
-                *scales = Some(s);
-                mx.dequantize()?.to_dtype(dtype)
+                *codes = Some(cat_opt(codes, q.codes(), 2)?);
+                *scales = Some(cat_opt(scales, q.scales(), 2)?);
             }
             (KStore::Mx { .. }, _) => unreachable!("store built from the format"),
         }
+        Ok(())
     }
 
-    fn append_v(&mut self, v: &Tensor, dtype: DType) -> Result<Tensor> {
+    fn push_v(&mut self, v: &Tensor) -> Result<()> {
         let fmt = self.format.v;
         match (&mut self.v, fmt) {
             (VStore::Dense(store), _) => {
@@ -285,9 +279,7 @@ impl LayerKvCache {
                 } else {
                     v.clone()
                 };
-                let all = cat_opt(store, &stored, 2)?;
-                *store = Some(all.clone());
-                all.to_dtype(dtype)
+                *store = Some(cat_opt(store, &stored, 2)?);
             }
             (
                 VStore::Mx {
@@ -299,7 +291,7 @@ impl LayerKvCache {
                 CacheFormat::Mx { elem, scale, block },
             ) => {
                 let pending = cat_opt(tail, v, 2)?;
-                let (b, h, np, d) = pending.dims4()?;
+                let np = pending.dim(2)?;
                 let ready = np / block * block;
                 if ready > 0 {
                     let chunk = pending.narrow(2, 0, ready)?;
@@ -314,30 +306,119 @@ impl LayerKvCache {
                 } else {
                     None
                 };
-                let full = match (codes.as_ref(), scales.as_ref()) {
-                    (Some(c), Some(s)) => Some(
-                        MxTensor::from_parts(
+            }
+            (VStore::Mx { .. }, _) => unreachable!("store built from the format"),
+        }
+        Ok(())
+    }
+
+    /// The cached K as stored: a tensor (`[b, hkv, len, d]`), or MX along d over all
+    /// tokens. `None` while empty.
+    pub fn k_view(&self) -> Result<Option<CachedOperand<'_>>> {
+        let Some((b, h, d, _)) = self.geometry else {
+            return Ok(None);
+        };
+        Ok(match (&self.k, self.format.k) {
+            (KStore::Dense(t), _) => t.as_ref().map(CachedOperand::Dense),
+            (KStore::Mx { codes, scales }, CacheFormat::Mx { elem, scale, block }) => {
+                match (codes, scales) {
+                    (Some(c), Some(s)) => Some(CachedOperand::Mx {
+                        full: Some(MxTensor::from_parts(
                             c.clone(),
                             s.clone(),
                             elem,
                             scale,
                             block,
-                            2,
-                            Shape::from_dims(&[b, h, *n_full, d]),
-                        )?
-                        .dequantize()?
-                        .to_dtype(dtype)?,
-                    ),
+                            3,
+                            Shape::from_dims(&[b, h, self.len, d]),
+                        )?),
+                        tail: None,
+                    }),
                     _ => None,
-                };
-                match (full, tail.as_ref()) {
-                    (Some(f), Some(t)) => Tensor::cat(&[&f, t], 2),
-                    (Some(f), None) => Ok(f),
-                    (None, Some(t)) => Ok(t.clone()),
-                    (None, None) => unreachable!("at least one token was appended"),
                 }
             }
+            (KStore::Mx { .. }, _) => unreachable!("store built from the format"),
+        })
+    }
+
+    /// The cached V as stored: a tensor, or MX along the keys over the full blocks
+    /// (`[b, hkv, n_full, d]`) followed by the unquantized tail (`[b, hkv, < block, d]`).
+    pub fn v_view(&self) -> Result<Option<CachedOperand<'_>>> {
+        let Some((b, h, d, _)) = self.geometry else {
+            return Ok(None);
+        };
+        Ok(match (&self.v, self.format.v) {
+            (VStore::Dense(t), _) => t.as_ref().map(CachedOperand::Dense),
+            (
+                VStore::Mx {
+                    codes,
+                    scales,
+                    n_full,
+                    tail,
+                },
+                CacheFormat::Mx { elem, scale, block },
+            ) => {
+                let full = match (codes, scales) {
+                    (Some(c), Some(s)) => Some(MxTensor::from_parts(
+                        c.clone(),
+                        s.clone(),
+                        elem,
+                        scale,
+                        block,
+                        2,
+                        Shape::from_dims(&[b, h, *n_full, d]),
+                    )?),
+                    _ => None,
+                };
+                Some(CachedOperand::Mx {
+                    full,
+                    tail: tail.as_ref(),
+                })
+            }
             (VStore::Mx { .. }, _) => unreachable!("store built from the format"),
+        })
+    }
+
+    /// The whole cached K and V, dequantized to the dtype they were appended in.
+    pub fn dequantized(&self) -> Result<(Tensor, Tensor)> {
+        let Some((_, _, _, dtype)) = self.geometry else {
+            bail!("kv cache: empty");
+        };
+        let k = self.k_view()?.expect("non-empty").to_tensor(dtype)?;
+        let v = self.v_view()?.expect("non-empty").to_tensor(dtype)?;
+        Ok((k, v))
+    }
+}
+
+/// One cached operand as stored (see [`LayerKvCache::k_view`], [`LayerKvCache::v_view`]).
+#[derive(Clone, Debug)]
+pub enum CachedOperand<'a> {
+    /// A plain tensor (model dtype or bf16).
+    Dense(&'a Tensor),
+    /// MX codes and scales of the quantized part, then the tokens kept unquantized.
+    Mx {
+        full: Option<MxTensor>,
+        tail: Option<&'a Tensor>,
+    },
+}
+
+impl CachedOperand<'_> {
+    /// The represented values, `[b, hkv, len, d]` in `dtype`.
+    pub fn to_tensor(&self, dtype: DType) -> Result<Tensor> {
+        match self {
+            Self::Dense(t) => t.to_dtype(dtype),
+            Self::Mx { full, tail } => {
+                let full = full
+                    .as_ref()
+                    .map(|m| m.dequantize()?.to_dtype(dtype))
+                    .transpose()?;
+                match (full, tail) {
+                    (Some(f), Some(t)) => Tensor::cat(&[&f, &t.to_dtype(dtype)?], 2),
+                    (Some(f), None) => Ok(f),
+                    (None, Some(t)) => t.to_dtype(dtype),
+                    (None, None) => bail!("kv cache: empty MX operand"),
+                }
+            }
         }
     }
 }

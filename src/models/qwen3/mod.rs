@@ -23,7 +23,7 @@ pub mod model;
 pub mod schedule;
 
 pub use config::Config;
-pub use kv_cache::{CacheFormat, KvFormat, LayerKvCache};
+pub use kv_cache::{CacheFormat, CachedOperand, KvFormat, LayerKvCache};
 pub use loading::CheckpointFiles;
 pub use model::Qwen3;
 pub use schedule::{layer_preset, LayerSpec, Schedule, ScheduleSpec};

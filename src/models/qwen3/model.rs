@@ -363,6 +363,11 @@ impl Qwen3 {
         &self.layers[i].attn.spec
     }
 
+    /// The KV cache of layer `i` (for kernels that read its codes directly).
+    pub fn layer_cache(&self, i: usize) -> &LayerKvCache {
+        &self.layers[i].attn.cache
+    }
+
     /// Bytes held by all KV caches.
     pub fn kv_cache_bytes(&self) -> usize {
         self.layers.iter().map(|l| l.attn.cache.bytes()).sum()
