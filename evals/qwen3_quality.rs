@@ -253,8 +253,18 @@ fn main() -> Result<()> {
         bail!("the text has fewer than 2 tokens");
     }
     let ctx_max = model.config().max_position_embeddings;
-    if a.seq_len.min(ids.len()) > ctx_max || a.prompt_len + a.gen_len > ctx_max {
-        bail!("windows and prompts must fit max_position_embeddings ({ctx_max})");
+    if a.seq_len.min(ids.len()) > ctx_max {
+        bail!(
+            "--seq-len {} exceeds the model's max_position_embeddings ({ctx_max}); pass a smaller one",
+            a.seq_len
+        );
+    }
+    if a.prompt_len + a.gen_len > ctx_max {
+        bail!(
+            "--prompt-len {} + --gen-len {} exceeds the model's max_position_embeddings ({ctx_max})",
+            a.prompt_len,
+            a.gen_len
+        );
     }
     let wins = windows(ids.len(), a.seq_len, a.stride);
     let scored: usize = wins.iter().map(|w| w.1 - w.2).sum();
