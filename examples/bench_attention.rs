@@ -208,6 +208,7 @@ fn main() -> Result<()> {
                 let opts = RunOptions {
                     cpu_path: path,
                     lse: false,
+                    ..Default::default()
                 };
                 let ms = time_it(a.warmup, a.iters, || {
                     Ok(attention_ext(q, k, v, cfg, &opts)?.out)

@@ -4,6 +4,7 @@ pub mod attention;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub mod models;
 pub mod mx;
 pub mod oracle;
 pub mod synth;

@@ -18,6 +18,7 @@ fn run(inp: &synth::Inputs, cfg: &AttentionConfig, path: CpuPath) -> (Vec<f32>, 
         &RunOptions {
             cpu_path: path,
             lse: true,
+            ..Default::default()
         },
     )
     .unwrap();

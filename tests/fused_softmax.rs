@@ -25,6 +25,7 @@ fn run(inp: &synth::Inputs, cfg: &AttentionConfig, path: CpuPath) -> Out {
         &RunOptions {
             cpu_path: path,
             lse: true,
+            ..Default::default()
         },
     )
     .unwrap();

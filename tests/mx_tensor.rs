@@ -79,6 +79,58 @@ fn zero_and_nan_blocks() {
     assert!(d[32..].iter().all(|v| v.is_nan()));
 }
 
+/// Codes and scales of pieces, concatenated the way a KV cache appends them, make the
+/// MxTensor of the whole: rows of other dims concatenate freely, and along the quantized
+/// dim whole blocks concatenate as packed bytes.
+#[test]
+fn from_parts_reassembles_concatenated_pieces() {
+    let t = Tensor::randn(0f32, 1.0, (1, 2, 96, 64), &Device::Cpu).unwrap();
+    for f in [ElemFormat::E4M3, ElemFormat::E2M3, ElemFormat::E2M1] {
+        // along d (dim 3), split over tokens (dim 2)
+        let whole = mx::quantize(&t, f, ScaleMode::Floor, 3, 32).unwrap();
+        let a = mx::quantize(&t.narrow(2, 0, 40).unwrap(), f, ScaleMode::Floor, 3, 32).unwrap();
+        let b = mx::quantize(&t.narrow(2, 40, 56).unwrap(), f, ScaleMode::Floor, 3, 32).unwrap();
+        let c = Tensor::cat(&[a.codes(), b.codes()], 2).unwrap();
+        let s = Tensor::cat(&[a.scales(), b.scales()], 2).unwrap();
+        let m =
+            mx::MxTensor::from_parts(c, s, f, ScaleMode::Floor, 32, 3, t.shape().clone()).unwrap();
+        assert_eq!(
+            vals(&m.dequantize().unwrap()),
+            vals(&whole.dequantize().unwrap())
+        );
+        // along tokens (dim 2) in whole 32-blocks, split over tokens
+        let whole = mx::quantize(&t, f, ScaleMode::Floor, 2, 32).unwrap();
+        let a = mx::quantize(&t.narrow(2, 0, 32).unwrap(), f, ScaleMode::Floor, 2, 32).unwrap();
+        let b = mx::quantize(&t.narrow(2, 32, 64).unwrap(), f, ScaleMode::Floor, 2, 32).unwrap();
+        let c = Tensor::cat(&[a.codes(), b.codes()], 3).unwrap();
+        let s = Tensor::cat(&[a.scales(), b.scales()], 3).unwrap();
+        let m =
+            mx::MxTensor::from_parts(c, s, f, ScaleMode::Floor, 32, 2, t.shape().clone()).unwrap();
+        assert_eq!(
+            vals(&m.dequantize().unwrap()),
+            vals(&whole.dequantize().unwrap())
+        );
+    }
+    // wrong shapes and dtypes are errors
+    let q = mx::quantize(&t, ElemFormat::E2M1, ScaleMode::Floor, 3, 32).unwrap();
+    let bad = |codes: Tensor, scales: Tensor, shape: (usize, usize, usize, usize)| {
+        mx::MxTensor::from_parts(
+            codes,
+            scales,
+            ElemFormat::E2M1,
+            ScaleMode::Floor,
+            32,
+            3,
+            shape.into(),
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad(q.codes().clone(), q.scales().clone(), (1, 2, 95, 64)).contains("codes must be"));
+    let f32codes = q.codes().to_dtype(DType::F32).unwrap();
+    assert!(bad(f32codes, q.scales().clone(), (1, 2, 96, 64)).contains("U8"));
+}
+
 fn arb_block() -> impl Strategy<Value = (Vec<f32>, f32)> {
     (prop::collection::vec(-1.0f32..1.0, 1..100), -30i32..30).prop_map(|(v, e)| (v, 2f32.powi(e)))
 }

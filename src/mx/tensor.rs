@@ -31,6 +31,64 @@ pub struct MxTensor {
 }
 
 impl MxTensor {
+    /// Reassembles an `MxTensor` from codes and scales laid out as [`quantize`] makes them
+    /// (for example rows of several quantized tensors concatenated, as a KV cache does).
+    /// Checks dtypes and shapes against `shape`, `dim` and `block`.
+    pub fn from_parts(
+        codes: Tensor,
+        scales: Tensor,
+        format: ElemFormat,
+        scale_mode: ScaleMode,
+        block: usize,
+        dim: usize,
+        shape: Shape,
+    ) -> Result<Self> {
+        let dims = shape.dims();
+        if dim >= dims.len() {
+            bail!(
+                "MxTensor::from_parts: dim {dim} out of range for shape {:?}",
+                dims
+            );
+        }
+        let g = pack_granule(format.bits());
+        if block == 0 || !block.is_multiple_of(g) {
+            bail!("MxTensor::from_parts: block size {block} invalid for {format}");
+        }
+        if codes.dtype() != DType::U8 || scales.dtype() != DType::U8 {
+            bail!(
+                "MxTensor::from_parts: codes and scales must be U8, got {:?} and {:?}",
+                codes.dtype(),
+                scales.dtype()
+            );
+        }
+        let nb = dims[dim].div_ceil(block);
+        let mut cshape = moved_dims(dims, dim);
+        let last = cshape.len() - 1;
+        cshape[last] = packed_len(nb * block, format.bits());
+        let mut sshape = cshape.clone();
+        sshape[last] = nb;
+        if codes.dims() != cshape.as_slice() || scales.dims() != sshape.as_slice() {
+            bail!(
+                "MxTensor::from_parts: for shape {:?} along dim {dim} ({format}, block {block}) codes must be {:?} \
+                 and scales {:?}, got {:?} and {:?}",
+                dims,
+                cshape,
+                sshape,
+                codes.dims(),
+                scales.dims()
+            );
+        }
+        Ok(Self {
+            codes,
+            scales,
+            format,
+            scale_mode,
+            block,
+            dim,
+            shape,
+        })
+    }
+
     /// Packed element codes (`U8`).
     pub fn codes(&self) -> &Tensor {
         &self.codes

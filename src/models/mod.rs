@@ -1,0 +1,3 @@
+//! Models whose attention runs through [`crate::attention::attention`].
+
+pub mod qwen3;

@@ -1,0 +1,213 @@
+//! The Qwen3 `config.json`, as Hugging Face transformers writes it.
+//!
+//! Two spellings of the RoPE base exist in the wild: the top-level `rope_theta` of the
+//! original checkpoints, and `rope_parameters: {"rope_theta": …, "rope_type": "default"}`
+//! of configs re-saved by newer transformers. Both are accepted (and must agree when a
+//! file has both). Embeddings may be tied (0.6B–4B) or not (8B and up).
+
+use candle_core::{bail, Result};
+use candle_nn::Activation;
+use serde::Deserialize;
+use std::path::Path;
+
+/// The architecture hyper-parameters of a dense Qwen3 checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub hidden_act: Activation,
+    pub bos_token_id: Option<u32>,
+    /// `eos_token_id` as a list (config.json has one id or a list).
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f64>,
+    rope_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    max_position_embeddings: usize,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<RopeParameters>,
+    rope_scaling: Option<serde_json::Value>,
+    rms_norm_eps: f64,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default = "default_act")]
+    hidden_act: Activation,
+    #[serde(default)]
+    use_sliding_window: bool,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+fn default_act() -> Activation {
+    Activation::Silu
+}
+
+impl Config {
+    /// Parses and checks a `config.json` text.
+    pub fn from_json_str(s: &str) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_str(s)
+            .map_err(|e| candle_core::Error::Msg(format!("Qwen3 config: {e}")))?;
+        Self::from_raw(raw)
+    }
+
+    /// Reads a `config.json`; errors name the file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let p = path.as_ref();
+        let s = std::fs::read_to_string(p)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))?;
+        Self::from_json_str(&s)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))
+    }
+
+    fn from_raw(r: RawConfig) -> Result<Self> {
+        let nested = match &r.rope_parameters {
+            Some(p) => {
+                if let Some(t) = p.rope_type.as_deref() {
+                    if t != "default" {
+                        bail!("Qwen3 config: rope_parameters.rope_type {t:?} is not supported (only \"default\" RoPE)");
+                    }
+                }
+                p.rope_theta
+            }
+            None => None,
+        };
+        let rope_theta = match (r.rope_theta, nested) {
+            (Some(a), Some(b)) if a != b => bail!(
+                "Qwen3 config: rope_theta ({a}) and rope_parameters.rope_theta ({b}) disagree"
+            ),
+            (Some(a), _) => a,
+            (None, Some(b)) => b,
+            (None, None) => bail!(
+                "Qwen3 config: no RoPE base; expected `rope_theta` or `rope_parameters.rope_theta`"
+            ),
+        };
+        if let Some(v) = &r.rope_scaling {
+            let kind = v
+                .get("rope_type")
+                .or_else(|| v.get("type"))
+                .and_then(|t| t.as_str());
+            if !v.is_null() && kind != Some("default") {
+                bail!("Qwen3 config: rope_scaling {v} is not supported (only plain RoPE)");
+            }
+        }
+        if r.use_sliding_window {
+            bail!("Qwen3 config: use_sliding_window is true; sliding-window attention is not supported");
+        }
+        let num_key_value_heads = r.num_key_value_heads.unwrap_or(r.num_attention_heads);
+        if r.num_attention_heads == 0 || r.hidden_size == 0 || r.vocab_size == 0 {
+            bail!("Qwen3 config: hidden_size, vocab_size and num_attention_heads must be positive");
+        }
+        let head_dim = r.head_dim.unwrap_or(r.hidden_size / r.num_attention_heads);
+        if num_key_value_heads == 0 || !r.num_attention_heads.is_multiple_of(num_key_value_heads) {
+            bail!(
+                "Qwen3 config: num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_key_value_heads})",
+                r.num_attention_heads
+            );
+        }
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            bail!("Qwen3 config: head_dim must be even and positive for RoPE, got {head_dim}");
+        }
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            bail!("Qwen3 config: rope_theta must be positive, got {rope_theta}");
+        }
+        let eos_token_ids = match r.eos_token_id {
+            None => vec![],
+            Some(OneOrMany::One(x)) => vec![x],
+            Some(OneOrMany::Many(v)) => v,
+        };
+        Ok(Self {
+            vocab_size: r.vocab_size,
+            hidden_size: r.hidden_size,
+            intermediate_size: r.intermediate_size,
+            num_hidden_layers: r.num_hidden_layers,
+            num_attention_heads: r.num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings: r.max_position_embeddings,
+            rope_theta,
+            rms_norm_eps: r.rms_norm_eps,
+            tie_word_embeddings: r.tie_word_embeddings,
+            attention_bias: r.attention_bias,
+            hidden_act: r.hidden_act,
+            bos_token_id: r.bos_token_id,
+            eos_token_ids,
+        })
+    }
+
+    /// The published configs of the dense sizes the design notes list (models.md §B1),
+    /// for `--random-weights` runs where no `config.json` is at hand. Accepts
+    /// `Qwen/Qwen3-8B` or `Qwen3-8B` (case-insensitive).
+    pub fn preset(name: &str) -> Result<Self> {
+        let short = name.rsplit('/').next().unwrap_or(name).to_ascii_lowercase();
+        let (hidden, inter, layers, heads, tie) = match short.as_str() {
+            "qwen3-0.6b" => (1024, 3072, 28, 16, true),
+            "qwen3-1.7b" => (2048, 6144, 28, 16, true),
+            "qwen3-4b" => (2560, 9728, 36, 32, true),
+            "qwen3-8b" => (4096, 12288, 36, 32, false),
+            _ => bail!(
+                "no built-in config for {name:?}; known: Qwen/Qwen3-0.6B, Qwen/Qwen3-1.7B, Qwen/Qwen3-4B, \
+                 Qwen/Qwen3-8B (or give a config.json)"
+            ),
+        };
+        Ok(Self {
+            vocab_size: 151936,
+            hidden_size: hidden,
+            intermediate_size: inter,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 40960,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            tie_word_embeddings: tie,
+            attention_bias: false,
+            hidden_act: Activation::Silu,
+            bos_token_id: Some(151643),
+            eos_token_ids: vec![151645],
+        })
+    }
+
+    /// Parameters of the architecture (embeddings counted once when tied).
+    pub fn num_parameters(&self) -> usize {
+        let (h, d) = (self.hidden_size, self.head_dim);
+        let attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads) + 2 * d;
+        let mlp = 3 * h * self.intermediate_size;
+        let layer = attn + mlp + 2 * h;
+        let embed = self.vocab_size * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        embed + head + h + self.num_hidden_layers * layer
+    }
+}
