@@ -69,33 +69,6 @@ fn parse_shapes(s: &str) -> Result<Vec<Shape>> {
         .collect()
 }
 
-/// candle's composition: softmax(q·kᵀ·scale [+ causal mask]) · v, KV heads repeated for GQA.
-fn candle_matmul(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
-    let (_, hq, sq, d) = q.dims4()?;
-    let (_, hkv, sk, _) = k.dims4()?;
-    let rep = hq / hkv;
-    let k = candle_transformers::utils::repeat_kv(k.clone(), rep)?.contiguous()?;
-    let v = candle_transformers::utils::repeat_kv(v.clone(), rep)?.contiguous()?;
-    let mut s = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-    if causal {
-        let mask: Vec<f32> = (0..sq)
-            .flat_map(|i| {
-                (0..sk).map(move |j| {
-                    if j + sq > i + sk {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-            })
-            .collect();
-        let m = Tensor::from_vec(mask, (sq, sk), q.device())?;
-        s = s.broadcast_add(&m)?;
-    }
-    let p = candle_nn::ops::softmax_last_dim(&s)?;
-    Ok(p.matmul(&v)?)
-}
-
 fn candle_flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
     let d = q.dim(D::Minus1)?;
     // candle's CPU flash takes (B, S, H, D)
@@ -140,7 +113,9 @@ fn main() -> Result<()> {
         if keep("candle matmul") {
             rows.push((
                 "candle matmul-softmax-matmul".into(),
-                time_it(a.warmup, a.iters, || candle_matmul(q, k, v, causal))?,
+                time_it(a.warmup, a.iters, || {
+                    Ok(mxattn::baselines::candle_matmul_attention(q, k, v, causal)?)
+                })?,
             ));
         }
         let fp4 = OperandFormat::mx(E2M1);

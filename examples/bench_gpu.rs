@@ -94,30 +94,6 @@ fn time_ms(
     Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
 }
 
-fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
-    let (_, hq, sq, d) = q.dims4()?;
-    let (_, hkv, sk, _) = k.dims4()?;
-    let k = candle_transformers::utils::repeat_kv(k.clone(), hq / hkv)?.contiguous()?;
-    let v = candle_transformers::utils::repeat_kv(v.clone(), hq / hkv)?.contiguous()?;
-    let mut s = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-    if causal {
-        let m: Vec<f32> = (0..sq)
-            .flat_map(|i| {
-                (0..sk).map(move |j| {
-                    if j + sq > i + sk {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-            })
-            .collect();
-        let m = Tensor::from_vec(m, (sq, sk), q.device())?.to_dtype(q.dtype())?;
-        s = s.broadcast_add(&m)?;
-    }
-    Ok(candle_nn::ops::softmax_last_dim(&s)?.matmul(&v)?)
-}
-
 fn main() -> Result<()> {
     let a = Args::parse();
     let dev = Device::new_cuda(0)?;
@@ -186,7 +162,9 @@ fn main() -> Result<()> {
         let score_bytes = 2.0 * (s.b * s.hq) as f64 * s.s as f64 * s.sk as f64;
         let base = if score_bytes < 4e9 {
             Some(time_ms(&dev, a.warmup, a.iters, || {
-                candle_attention(&q, &k, &v, s.causal)
+                Ok(mxattn::baselines::candle_matmul_attention(
+                    &q, &k, &v, s.causal,
+                )?)
             })?)
         } else {
             None

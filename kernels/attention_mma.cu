@@ -116,6 +116,27 @@ static __device__ __forceinline__ void load_tile(uint8_t* tile, const bf16_t* sr
   }
 }
 
+// P of one row's 32 slots rounded to the call's P format (src/attention/softmax
+// quantize_probs): MX blocks of 32 keys = slots [8b, 8b+8) of the quad, or FP8 ×2^8.
+static __device__ __forceinline__ void quad_quantize_probs(const AttnParams& P, float* x) {
+  if (P.p_kind == PROB_MX) {
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int e = 8 * b; e < 8 * b + 8; e++) amax = fmaxf(amax, x[e]);
+      amax = quad_max(amax);
+      const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
+      const float inv = pow2f(-ex), sc = e8m0_decode((unsigned)(ex + 127));
+#pragma unroll
+      for (int e = 8 * b; e < 8 * b + 8; e++) x[e] = mx_decode(mx_encode(x[e] * inv, P.p_elem), P.p_elem) * sc;
+    }
+  } else if (P.p_kind == PROB_FP8) {
+#pragma unroll
+    for (int e = 0; e < 32; e++) x[e] = mx_decode(mx_encode(x[e] * 256.0f, P.p_elem), P.p_elem) / 256.0f;
+  }
+}
+
 // One row's 32 scores (this thread's slots) through the algorithm; returns α.
 // e = 2*ntile + {0,1}; block b of 32 keys = slots [8b, 8b+8).
 // ALGO is a template parameter so each kernel carries only its algorithm's code.
@@ -183,39 +204,10 @@ static __device__ __forceinline__ float quad_tile(const AttnParams& P, RowState&
 #pragma unroll
     for (int e = 0; e < 32; e++) x[e] = base2 ? exp2f(x[e] - mn) : __expf(x[e] - mn);
     if (ALGO == ALGO_EXACT) return alpha;
-    // P quantization (ETQ, fused floor with a P format)
-    if (P.p_kind == PROB_MX) {
-#pragma unroll
-      for (int b = 0; b < 4; b++) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int e = 8 * b; e < 8 * b + 8; e++) amax = fmaxf(amax, x[e]);
-        amax = quad_max(amax);
-        const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
-        const float inv = pow2f(-ex), sc = e8m0_decode((unsigned)(ex + 127));
-#pragma unroll
-        for (int e = 8 * b; e < 8 * b + 8; e++) x[e] = mx_decode(mx_encode(x[e] * inv, P.p_elem), P.p_elem) * sc;
-      }
-    } else if (P.p_kind == PROB_FP8) {
-#pragma unroll
-      for (int e = 0; e < 32; e++) x[e] = mx_decode(mx_encode(x[e] * 256.0f, P.p_elem), P.p_elem) / 256.0f;
-    }
+    quad_quantize_probs(P, x);  // ETQ, and the fused floor with a P format
     return alpha;
   }
-  // fused: optional re-quantization of P along keys
-  if (P.p_kind == PROB_MX) {
-#pragma unroll
-    for (int b = 0; b < 4; b++) {
-      float amax = 0.0f;
-#pragma unroll
-      for (int e = 8 * b; e < 8 * b + 8; e++) amax = fmaxf(amax, x[e]);
-      amax = quad_max(amax);
-      const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
-      const float inv = pow2f(-ex), sc = e8m0_decode((unsigned)(ex + 127));
-#pragma unroll
-      for (int e = 8 * b; e < 8 * b + 8; e++) x[e] = mx_decode(mx_encode(x[e] * inv, P.p_elem), P.p_elem) * sc;
-    }
-  }
+  quad_quantize_probs(P, x);  // fused: optional re-quantization of P along keys
   return alpha_fused;
 }
 

@@ -1,40 +1,18 @@
 //! The attention framework: reference vs tiled, the f64 oracle, masks, GQA, bad input.
 
+mod common;
 use candle_core::{DType, Device, Tensor};
+use common::bits;
 use mxattn::attention::{
-    attention, attention_ext, attention_with_lse, Algorithm, AttentionConfig, CpuPath,
-    OperandFormat, ProbFormat, RunOptions,
+    attention, attention_with_lse, Algorithm, AttentionConfig, CpuPath, OperandFormat, ProbFormat,
 };
 use mxattn::mx::{ElemFormat, ScaleMode};
 use mxattn::oracle::{exact_attention_f64, mean_max, row_relative_errors, OracleMask};
 use mxattn::synth::{self, Distribution, Shape};
 
 fn run(inp: &synth::Inputs, cfg: &AttentionConfig, path: CpuPath) -> (Vec<f32>, Vec<f32>) {
-    let r = attention_ext(
-        &inp.q,
-        &inp.k,
-        &inp.v,
-        cfg,
-        &RunOptions {
-            cpu_path: path,
-            lse: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (
-        r.out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        r.lse
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap(),
-    )
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    let r = common::run_cpu(inp, cfg, path);
+    (r.o, r.lse)
 }
 
 fn configs() -> Vec<AttentionConfig> {

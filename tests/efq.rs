@@ -1,35 +1,19 @@
 //! EFQ-Softmax: the published rule by hand, bit identity of the CPU paths, the exact
 //! exp-free MXFP4 path against exp-then-quantize, masks, stress inputs, bad input.
 
+mod common;
+use common::bits;
 use mxattn::attention::{
-    attention, attention_ext, efq_block, AttentionConfig, CpuPath, EfqConfig, EfqRule, EfqScale,
-    OperandFormat, ProbFormat, RunOptions,
+    attention, efq_block, AttentionConfig, CpuPath, EfqConfig, EfqRule, EfqScale, OperandFormat,
+    ProbFormat,
 };
 use mxattn::mx::{ElemFormat, ScaleMode};
 use mxattn::oracle::{exact_attention_f64, mean_max, row_relative_errors, OracleMask};
 use mxattn::synth::{self, Distribution, Shape};
 
 fn run(inp: &synth::Inputs, cfg: &AttentionConfig, path: CpuPath) -> (Vec<f32>, Vec<f32>) {
-    let r = attention_ext(
-        &inp.q,
-        &inp.k,
-        &inp.v,
-        cfg,
-        &RunOptions {
-            cpu_path: path,
-            lse: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (
-        r.out.flatten_all().unwrap().to_vec1().unwrap(),
-        r.lse.unwrap().flatten_all().unwrap().to_vec1().unwrap(),
-    )
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    let r = common::run_cpu(inp, cfg, path);
+    (r.o, r.lse)
 }
 
 const RULES: [EfqRule; 7] = [

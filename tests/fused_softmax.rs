@@ -1,44 +1,15 @@
 //! Fused-Softmax: bit identity of the two CPU paths, the frozen max and its rollback,
 //! the hand-worked P codes, masks, Hadamard, and what it refuses.
 
+mod common;
 use candle_core::{Device, Tensor};
+use common::{bits, run_cpu as run};
 use mxattn::attention::{
-    attention, attention_ext, AttentionConfig, CpuPath, FusedProbs, FusedSoftmaxConfig,
-    OperandFormat, ProbFormat, RunOptions,
+    attention, AttentionConfig, CpuPath, FusedProbs, FusedSoftmaxConfig, OperandFormat, ProbFormat,
 };
 use mxattn::mx::{ElemFormat, ScaleMode};
 use mxattn::oracle::{exact_attention_f64, mean_max, row_relative_errors, OracleMask};
 use mxattn::synth::{self, Distribution, Shape};
-
-struct Out {
-    o: Vec<f32>,
-    lse: Vec<f32>,
-    rollbacks: u64,
-}
-
-fn run(inp: &synth::Inputs, cfg: &AttentionConfig, path: CpuPath) -> Out {
-    let r = attention_ext(
-        &inp.q,
-        &inp.k,
-        &inp.v,
-        cfg,
-        &RunOptions {
-            cpu_path: path,
-            lse: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    Out {
-        o: r.out.flatten_all().unwrap().to_vec1().unwrap(),
-        lse: r.lse.unwrap().flatten_all().unwrap().to_vec1().unwrap(),
-        rollbacks: r.stats.rollbacks,
-    }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 fn fused(qk: ElemFormat, v: OperandFormat, probs: FusedProbs, hadamard: bool) -> AttentionConfig {
     AttentionConfig::fused_softmax(qk, v, FusedSoftmaxConfig { probs, hadamard })
