@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 if ! command -v hipcc >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc >/dev/null
 fi
+# hipcc picks NVIDIA's platform when it sees a CUDA toolkit (CUDA_PATH, nvcc on PATH):
+# this check is for AMD targets, so say so and hide the CUDA set-up from it.
+export HIP_PLATFORM=amd
+unset CUDA_PATH CUDA_HOME CUDA_ROOT NVCC
 out=$(mktemp -d)
 for src in kernels/*.cu; do
   for arch in gfx90a gfx940; do
