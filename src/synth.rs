@@ -95,15 +95,6 @@ pub enum Distribution {
 }
 
 impl Distribution {
-    /// The sweep of the accuracy evaluation.
-    pub const SWEEP: [Distribution; 6] = [
-        Distribution::Gaussian { sigma: 1.0 },
-        Distribution::Gaussian { sigma: 2.0 },
-        Distribution::Gaussian { sigma: 4.0 },
-        Distribution::Outliers,
-        Distribution::Sink,
-        Distribution::LateSink,
-    ];
     /// Every stress case the tests run.
     pub const STRESS: [Distribution; 8] = [
         Distribution::Gaussian { sigma: 1.0 },

@@ -225,14 +225,21 @@ pub(crate) fn cuda_fwd(
     let (v, _gv) = input_ptr("v", s3, l3, &stream)?;
     let lens: Vec<i32> = p.kv_lens.iter().map(|&x| x as i32).collect();
     let lens_d = stream.clone_htod(&lens).map_err(candle_core::Error::wrap)?;
-    let t = exp_mxfp4_thresholds();
-    let pow2 = stream
-        .clone_htod(&t.pow2)
-        .map_err(candle_core::Error::wrap)?;
-    let six = stream
-        .clone_htod(&t.six)
-        .map_err(candle_core::Error::wrap)?;
-    let code_flat: Vec<f32> = t.code.iter().flatten().copied().collect();
+    // The exact-thresholds rule reads the log-domain tables; other calls get 1-element stubs.
+    let exact_thr =
+        matches!(&op.cfg.algorithm, Algorithm::Efq(e) if e.rule == EfqRule::ExactThresholds);
+    let (pow2, six, code_flat) = if exact_thr {
+        let t = exp_mxfp4_thresholds();
+        (
+            t.pow2.clone(),
+            t.six.clone(),
+            t.code.iter().flatten().copied().collect(),
+        )
+    } else {
+        (vec![0f32], vec![0f32], vec![0f32])
+    };
+    let pow2 = stream.clone_htod(&pow2).map_err(candle_core::Error::wrap)?;
+    let six = stream.clone_htod(&six).map_err(candle_core::Error::wrap)?;
     let code = stream
         .clone_htod(&code_flat)
         .map_err(candle_core::Error::wrap)?;

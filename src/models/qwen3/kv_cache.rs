@@ -139,6 +139,17 @@ pub struct LayerKvCache {
     geometry: Option<(usize, usize, usize, DType)>,
 }
 
+/// Appends `x` along the sequence dim of a dense (bf16 or model-dtype) store.
+fn push_dense(store: &mut Option<Tensor>, x: &Tensor, fmt: CacheFormat) -> Result<()> {
+    let stored = if fmt == CacheFormat::Bf16 {
+        x.to_dtype(DType::BF16)?
+    } else {
+        x.clone()
+    };
+    *store = Some(cat_opt(store, &stored, 2)?);
+    Ok(())
+}
+
 impl LayerKvCache {
     pub fn new(format: KvFormat) -> Self {
         let k = match format.k {
@@ -252,14 +263,7 @@ impl LayerKvCache {
     fn push_k(&mut self, k: &Tensor) -> Result<()> {
         let fmt = self.format.k;
         match (&mut self.k, fmt) {
-            (KStore::Dense(store), _) => {
-                let stored = if fmt == CacheFormat::Bf16 {
-                    k.to_dtype(DType::BF16)?
-                } else {
-                    k.clone()
-                };
-                *store = Some(cat_opt(store, &stored, 2)?);
-            }
+            (KStore::Dense(store), _) => push_dense(store, k, fmt)?,
             (KStore::Mx { codes, scales }, CacheFormat::Mx { elem, scale, block }) => {
                 let q = quantize(k, elem, scale, 3, block)?;
                 *codes = Some(cat_opt(codes, q.codes(), 2)?);
@@ -273,14 +277,7 @@ impl LayerKvCache {
     fn push_v(&mut self, v: &Tensor) -> Result<()> {
         let fmt = self.format.v;
         match (&mut self.v, fmt) {
-            (VStore::Dense(store), _) => {
-                let stored = if fmt == CacheFormat::Bf16 {
-                    v.to_dtype(DType::BF16)?
-                } else {
-                    v.clone()
-                };
-                *store = Some(cat_opt(store, &stored, 2)?);
-            }
+            (VStore::Dense(store), _) => push_dense(store, v, fmt)?,
             (
                 VStore::Mx {
                     codes,
