@@ -1,3 +1,4 @@
 //! Models whose attention runs through [`crate::attention::attention`].
 
 pub mod qwen3;
+pub mod wan;
