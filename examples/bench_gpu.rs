@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use mxattn::attention::{
-    attention_ext, AttentionConfig, EfqConfig, EfqRule, FusedProbs, FusedSoftmaxConfig,
+    attention_ext, AttentionConfig, EfqConfig, EfqRule, FusedProbs, FusedSoftmaxConfig, GpuPath,
     OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::ElemFormat;
@@ -29,6 +29,10 @@ struct Args {
     /// Only entries whose name contains this.
     #[arg(long)]
     filter: Option<String>,
+    /// Decode contexts to time the split-KV decode kernel at (comma separated; empty: none):
+    /// one query row per sequence, Qwen3-8B's 32/8 heads, the KV cache in BF16 and in MX.
+    #[arg(long, default_value = "1024,8192,32768")]
+    decode: String,
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -99,42 +103,64 @@ fn main() -> Result<()> {
     let dev = Device::new_cuda(0)?;
     use ElemFormat::*;
     let fp8v = OperandFormat::fp8_per_channel();
-    let entries: Vec<(&str, AttentionConfig)> = vec![
-        ("mxattn exact bf16", AttentionConfig::exact()),
+    let fused = |qk: ElemFormat, v: OperandFormat, probs: FusedProbs| {
+        AttentionConfig::fused_softmax(
+            qk,
+            v,
+            FusedSoftmaxConfig {
+                probs,
+                hadamard: true,
+            },
+        )
+    };
+    let etq_fp8 = AttentionConfig::exp_then_quantize(
+        OperandFormat::mx(E4M3),
+        fp8v,
+        ProbFormat::Fp8 { elem: E4M3 },
+    );
+    // (name, config, kernel): `Auto` takes the fastest kernel for the call (wgmma at head
+    // dim 128); the `[mma.sync]` rows force the older BF16 tensor-core kernel for comparison.
+    let entries: Vec<(&str, AttentionConfig, GpuPath)> = vec![
+        ("mxattn exact bf16", AttentionConfig::exact(), GpuPath::Auto),
+        (
+            "mxattn exact bf16 [mma.sync]",
+            AttentionConfig::exact(),
+            GpuPath::Mma,
+        ),
         (
             "mxattn exp->E4M3 P, MXFP8 QK, FP8 V",
-            AttentionConfig::exp_then_quantize(
-                OperandFormat::mx(E4M3),
-                fp8v,
-                ProbFormat::Fp8 { elem: E4M3 },
-            ),
+            etq_fp8,
+            GpuPath::Auto,
         ),
         (
             "mxattn fused-softmax u8, MXFP8 QK, FP8 V",
-            AttentionConfig::fused_softmax(E4M3, fp8v, FusedSoftmaxConfig::default()),
+            fused(E4M3, fp8v, FusedProbs::U8Code),
+            GpuPath::Auto,
+        ),
+        (
+            "mxattn fused-softmax u8, MXFP8 QK, FP8 V [mma.sync]",
+            fused(E4M3, fp8v, FusedProbs::U8Code),
+            GpuPath::Mma,
+        ),
+        (
+            "mxattn fused-softmax fp32, MXFP8 QK, FP8 V",
+            fused(E4M3, fp8v, FusedProbs::Fp32Bits),
+            GpuPath::Auto,
+        ),
+        (
+            "mxattn fused-softmax u8, MXFP6 QK, MXFP6 V",
+            fused(E2M3, OperandFormat::mx(E2M3), FusedProbs::U8Code),
+            GpuPath::Auto,
         ),
         (
             "mxattn fused-softmax u8, MXFP4 QK, MXFP4 V",
-            AttentionConfig::fused_softmax(
-                E2M1,
-                OperandFormat::mx(E2M1),
-                FusedSoftmaxConfig::default(),
-            ),
-        ),
-        (
-            "mxattn fused-softmax fp32, MXFP6 QK, FP8 V",
-            AttentionConfig::fused_softmax(
-                E2M3,
-                fp8v,
-                FusedSoftmaxConfig {
-                    probs: FusedProbs::Fp32Bits,
-                    hadamard: true,
-                },
-            ),
+            fused(E2M1, OperandFormat::mx(E2M1), FusedProbs::U8Code),
+            GpuPath::Auto,
         ),
         (
             "mxattn EFQ-MMLU, MXFP4 QK, FP8 V",
             AttentionConfig::efq(EfqConfig::new(EfqRule::Mmlu), OperandFormat::mx(E2M1), fp8v),
+            GpuPath::Auto,
         ),
     ];
     println!(
@@ -177,13 +203,17 @@ fn main() -> Result<()> {
             );
             rows.push(serde_json::json!({"shape": label, "impl": "candle", "ms": ms}));
         }
-        for (name, cfg) in &entries {
+        for (name, cfg, path) in &entries {
             if !keep(name) {
                 continue;
             }
             let cfg = cfg.clone().with_causal(s.causal);
             let ms = time_ms(&dev, a.warmup, a.iters, || {
-                Ok(attention_ext(&q, &k, &v, &cfg, &RunOptions::default())?.out)
+                let opts = RunOptions {
+                    gpu_path: *path,
+                    ..Default::default()
+                };
+                Ok(attention_ext(&q, &k, &v, &cfg, &opts)?.out)
             })?;
             let ratio = base.map_or("-".to_string(), |b| format!("{:.2}x", b / ms));
             println!(
@@ -194,8 +224,76 @@ fn main() -> Result<()> {
             rows.push(serde_json::json!({"shape": label, "impl": name, "ms": ms, "tflops": flops / ms / 1e9}));
         }
     }
+    if !a.decode.trim().is_empty() {
+        decode_table(&dev, &a, &mut rows)?;
+    }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)?;
+    }
+    Ok(())
+}
+
+/// Decode steps over a cache of `n` tokens: the split-KV kernel reading BF16 or MX codes,
+/// against the same kernel on the BF16 cache (the ratio) and the attention op on the
+/// dequantized cache.
+fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Result<()> {
+    use mxattn::attention::attention_decode;
+    use mxattn::models::qwen3::{CacheFormat, KvFormat, LayerKvCache};
+    use mxattn::mx::ScaleMode;
+    let (b, hq, hkv, d) = (1usize, 32usize, 8usize, 128usize);
+    println!();
+    println!("| decode: context (b=1, hq/hkv 32/8, d 128) | KV cache | KV bytes | ms | GB/s of KV read | vs BF16 cache |");
+    println!("|---|---|---|---|---|---|");
+    for n in a.decode.split(',').map(|x| x.trim().parse::<usize>()) {
+        let n = n?;
+        let k = Tensor::randn(0f32, 1.0, (b, hkv, n, d), dev)?.to_dtype(DType::BF16)?;
+        let v = Tensor::randn(0f32, 1.0, (b, hkv, n, d), dev)?.to_dtype(DType::BF16)?;
+        let q = Tensor::randn(0f32, 1.0, (b, hq, 1, d), dev)?.to_dtype(DType::BF16)?;
+        let cfg = AttentionConfig::exact().with_causal(true);
+        let mx = |elem| CacheFormat::Mx {
+            elem,
+            scale: ScaleMode::Floor,
+            block: 32,
+        };
+        let mut base = None;
+        for (name, fmt) in [
+            ("BF16", CacheFormat::Bf16),
+            ("MXFP8", mx(ElemFormat::E4M3)),
+            ("MXFP6", mx(ElemFormat::E2M3)),
+            ("MXFP4", mx(ElemFormat::E2M1)),
+        ] {
+            let mut cache = LayerKvCache::new(KvFormat { k: fmt, v: fmt });
+            cache.push(&k, &v)?;
+            let (kv, vv) = (cache.k_view()?.unwrap(), cache.v_view()?.unwrap());
+            let ms = time_ms(dev, a.warmup.max(3), a.iters.max(20), || {
+                Ok(attention_decode(&q, &kv, &vv, &cfg)?)
+            })?;
+            let bytes = cache.bytes();
+            let ratio = base.map_or(1.0, |b: f64| b / ms);
+            base.get_or_insert(ms);
+            println!(
+                "| {n} | {name} | {:.1} MB | {ms:.4} | {:.0} | {ratio:.2}x |",
+                bytes as f64 / 1e6,
+                bytes as f64 / ms / 1e6
+            );
+            rows.push(
+                serde_json::json!({"decode_context": n, "kv": name, "ms": ms, "kv_bytes": bytes}),
+            );
+        }
+        // the path without the kernel: dequantize the MXFP4 cache, then the attention op
+        let mut cache = LayerKvCache::new(KvFormat {
+            k: mx(ElemFormat::E2M1),
+            v: mx(ElemFormat::E2M1),
+        });
+        cache.push(&k, &v)?;
+        let ms = time_ms(dev, a.warmup, a.iters, || {
+            let (kd, vd) = cache.dequantized()?;
+            Ok(mxattn::attention::attention(&q, &kd, &vd, &cfg)?)
+        })?;
+        println!(
+            "| {n} | MXFP4, dequantize + attention op | - | {ms:.4} | - | {:.2}x |",
+            base.unwrap() / ms
+        );
     }
     Ok(())
 }

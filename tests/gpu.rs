@@ -137,6 +137,15 @@ fn cases() -> Vec<Case> {
             exp_free: false,
         },
         Case {
+            name: "etq E4M3 P MXFP8 QK".into(),
+            cfg: AttentionConfig::exp_then_quantize(
+                OperandFormat::mx(E4M3),
+                fp8v,
+                ProbFormat::Fp8 { elem: E4M3 },
+            ),
+            exp_free: false,
+        },
+        Case {
             name: "etq E4M3 P".into(),
             cfg: AttentionConfig::exp_then_quantize(
                 OperandFormat::Bf16,
@@ -210,7 +219,13 @@ fn round_bf16(t: &Tensor) -> Tensor {
 
 /// Runs every case on the GPU with `path` and on the CPU (tiled), over ragged shapes,
 /// masks and the stress distributions; returns the report lines and the worst row.
-fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool) -> f64 {
+fn compare(
+    path: GpuPath,
+    mean_tol: f64,
+    max_tol: f64,
+    big_frac: f64,
+    exp_free_identical: bool,
+) -> f64 {
     let Some(dev) = gpu() else { return 0.0 };
     let shapes = [
         Shape::new(2, 4, 2, 37, 300, 64),
@@ -218,6 +233,7 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
         Shape::new(1, 2, 2, 1, 700, 128),
     ];
     let mut report = vec![];
+    let mut failures = vec![];
     let mut worst_all = 0f64;
     let mut big_rows = 0usize;
     let mut all_rows = 0usize;
@@ -278,13 +294,15 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
                         c.stats.rollbacks,
                         g.stats.rollbacks
                     ));
-                    assert!(
-                        max <= max_tol && mean <= mean_tol,
-                        "{}",
-                        report.last().unwrap()
-                    );
-                    if exp_free_identical && case.exp_free && c.stats.rollbacks == 0 {
-                        assert_eq!(identical, oc.len(), "{}", report.last().unwrap());
+                    if max > max_tol || mean > mean_tol {
+                        failures.push(report.last().unwrap().clone());
+                    }
+                    if exp_free_identical
+                        && case.exp_free
+                        && c.stats.rollbacks == 0
+                        && identical != oc.len()
+                    {
+                        failures.push(format!("not bit-identical: {}", report.last().unwrap()));
                     }
                 }
             }
@@ -297,9 +315,11 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
         "{path:?}: {} GPU/CPU comparisons, worst row relative difference {worst_all:.2e}, rows over 1e-2: {big_rows} of {all_rows}",
         report.len()
     );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(
-        big_rows * 100 <= all_rows,
-        "more than 1 % of rows differ by over 1e-2"
+        big_rows as f64 <= big_frac * all_rows as f64,
+        "more than {:.0} % of rows differ by over 1e-2",
+        100.0 * big_frac
     );
     worst_all
 }
@@ -310,7 +330,7 @@ fn compare(path: GpuPath, mean_tol: f64, max_tol: f64, exp_free_identical: bool)
 /// ≤ 2 % worst, ≤ 1e-3 mean; exp-free rows without rollbacks bit-identical.
 #[test]
 fn simple_kernel_matches_the_cpu_reference() {
-    compare(GpuPath::Simple, 1e-3, 2e-2, true);
+    compare(GpuPath::Simple, 1e-3, 2e-2, 0.01, true);
 }
 
 /// The tensor-core kernel computes on exactly the quantized operands (bf16 holds every
@@ -321,7 +341,21 @@ fn simple_kernel_matches_the_cpu_reference() {
 /// ≤ 5e-3, worst row ≤ 0.6, and at most 1 % of rows above 1e-2.
 #[test]
 fn tensor_core_kernel_matches_the_cpu_reference() {
-    compare(GpuPath::Auto, 5e-3, 0.6, false);
+    compare(GpuPath::Mma, 5e-3, 0.6, 0.01, false);
+}
+
+/// The wgmma kernel (head dim 128) on top of the tensor-core kernel's differences:
+/// exact softmax rounds Q, K, V and P to bf16 (inputs here are bf16 already); the FP8
+/// path re-expresses each quantized Q row and 128-key K tile in E4M3 with one power-of-two
+/// scale, which is exact unless the row's blocks span more binades than E4M3's
+/// subnormals reach (then the smallest elements lose their last bits), and V likewise per
+/// channel; and Hopper's FP8 MMA sums each 32-channel product group with fewer bits than
+/// f32 (relative ≈1e-5 of the largest products), which the σ = 4 stress inputs, whose
+/// scores reach hundreds, turn into visible score differences. Bound: mean row
+/// difference ≤ 2e-2, worst row ≤ 0.6, at most 5 % of rows above 1e-2.
+#[test]
+fn wgmma_kernel_matches_the_cpu_reference() {
+    compare(GpuPath::Wgmma, 2e-2, 0.6, 0.05, false);
 }
 
 #[test]
@@ -398,9 +432,89 @@ fn sanitizer_small() {
             case.name
         );
     }
+    // head dim 128 takes the wgmma kernel: one case per path it has
+    let s = Shape::new(1, 2, 1, 70, 200, 128);
+    let inp = synth::make(Distribution::Gaussian { sigma: 1.0 }, s, 4).unwrap();
+    let (qg, kg, vg) = (
+        inp.q.to_device(&dev).unwrap(),
+        inp.k.to_device(&dev).unwrap(),
+        inp.v.to_device(&dev).unwrap(),
+    );
+    let fp8v = OperandFormat::fp8_per_channel();
+    for cfg in [
+        AttentionConfig::exact(),
+        AttentionConfig::fused_softmax(ElemFormat::E4M3, fp8v, FusedSoftmaxConfig::default()),
+        AttentionConfig::exp_then_quantize(
+            OperandFormat::mx(ElemFormat::E4M3),
+            OperandFormat::mx(ElemFormat::E2M1),
+            ProbFormat::Fp8 {
+                elem: ElemFormat::E4M3,
+            },
+        ),
+    ] {
+        let cfg = cfg.with_causal(true).with_key_lengths(vec![190]);
+        let g = attention_ext(&qg, &kg, &vg, &cfg, &RunOptions::default()).unwrap();
+        assert!(vec_f32(&g.out).iter().all(|x| x.is_finite()));
+    }
     let t = Tensor::randn(0f32, 1.0, (9, 70), &dev).unwrap();
     for fmt in [ElemFormat::E2M3, ElemFormat::E2M1] {
         let q = mx::quantize(&t, fmt, ScaleMode::Floor, 1, 32).unwrap();
         assert_eq!(q.dequantize().unwrap().dims(), &[9, 70]);
     }
+}
+
+/// The split-KV decode kernel reads the KV cache as stored (dense, or MX codes + scales
+/// with V's unquantized tail) and must compute what the attention op computes on the
+/// dequantized cache: compared with the CPU path (dequantize, then the reference) over
+/// every cache format, GQA, 1 and 3 query rows (causal), and a V tail of 12 keys. Same
+/// arithmetic up to summation order and exp2 vs exp: bound 1e-4 per row.
+#[test]
+fn decode_kernel_matches_the_dequantized_reference() {
+    use mxattn::attention::{attention, attention_decode};
+    use mxattn::models::qwen3::{CacheFormat, KvFormat, LayerKvCache};
+    let Some(dev) = gpu() else { return };
+    let (b, hq, hkv, n, d) = (2, 8, 2, 300, 128);
+    let mx = |elem| CacheFormat::Mx {
+        elem,
+        scale: ScaleMode::Floor,
+        block: 32,
+    };
+    let mut worst = 0f64;
+    for fmt in [
+        CacheFormat::Model,
+        CacheFormat::Bf16,
+        mx(ElemFormat::E4M3),
+        mx(ElemFormat::E2M3),
+        mx(ElemFormat::E2M1),
+    ] {
+        for sq in [1usize, 3] {
+            let k = Tensor::randn(0f32, 1.0, (b, hkv, n, d), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (b, hkv, n, d), &dev).unwrap();
+            let q = Tensor::randn(0f32, 1.0, (b, hq, sq, d), &dev).unwrap();
+            let mut cache = LayerKvCache::new(KvFormat { k: fmt, v: fmt });
+            cache.push(&k, &v).unwrap();
+            let (kv, vv) = (
+                cache.k_view().unwrap().unwrap(),
+                cache.v_view().unwrap().unwrap(),
+            );
+            let cfg = AttentionConfig::exact().with_causal(true);
+            let g = attention_decode(&q, &kv, &vv, &cfg).unwrap();
+            let (kd, vd) = cache.dequantized().unwrap();
+            let c = attention(
+                &q.to_device(&Device::Cpu).unwrap(),
+                &kd.to_device(&Device::Cpu).unwrap(),
+                &vd.to_device(&Device::Cpu).unwrap(),
+                &cfg,
+            )
+            .unwrap();
+            let (og, oc) = (vec_f32(&g), vec_f32(&c));
+            let diffs = row_relative_differences(&og, &oc, d);
+            let (mean, max) = mean_max(&diffs);
+            println!("decode {fmt} sq={sq}: rows rel diff mean {mean:.2e} max {max:.2e}");
+            assert!(og.iter().all(|x| x.is_finite()));
+            assert!(max < 1e-4, "decode {fmt} sq={sq}: worst row {max:.2e}");
+            worst = worst.max(max);
+        }
+    }
+    println!("decode kernel: worst row relative difference {worst:.2e}");
 }

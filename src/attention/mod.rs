@@ -28,6 +28,7 @@
 //! * NaN or Inf in q, k or v is an error, as is a score that overflows f32.
 
 pub mod config;
+pub mod decode;
 pub mod hadamard;
 pub(crate) mod op;
 pub(crate) mod problem;
@@ -38,6 +39,7 @@ pub use config::{
     fused_qk_format, Algorithm, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs,
     FusedSoftmaxConfig, OperandFormat, ProbFormat, KV_TILE,
 };
+pub use decode::{attention_decode, KvOperand};
 pub use softmax::efq::{efq_block, EfqBlock};
 
 use crate::mx::pack::pack_granule;
@@ -53,9 +55,15 @@ pub const MAX_HEAD_DIM: usize = 512;
 /// Which CUDA kernel runs (CUDA builds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GpuPath {
-    /// The tensor-core kernel where it takes the call (head dim 64 or 128), else `Simple`.
+    /// The fastest kernel that takes the call: `Wgmma`, else `Mma`, else `Simple`.
     #[default]
     Auto,
+    /// The Hopper warpgroup-MMA kernel (head dim 128; exact softmax on BF16 operands,
+    /// Fused-Softmax and exp→E4M3 on FP8 operands) where it takes the call, else `Mma`.
+    Wgmma,
+    /// The `mma.sync` BF16 tensor-core kernel (head dim 64 or 128) where it takes the
+    /// call, else `Simple`.
+    Mma,
     /// One warp per query row, the CPU reference's arithmetic step for step: any head dim
     /// up to 512, slow.
     Simple,

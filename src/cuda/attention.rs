@@ -8,8 +8,11 @@ use crate::attention::config::{
 use crate::attention::op::AttentionOp;
 use crate::attention::softmax::fused::{G_F32, G_U8, OFF_F32_BITS, OFF_U8, THR_F32, THR_U8};
 use crate::attention::softmax::log_thresholds::{exp_mxfp4_thresholds, E2M1_MIDPOINTS};
+use crate::attention::GpuPath;
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop,
+};
 use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice};
 use candle_core::{bail, DType, Layout, Result, Shape};
 use std::ffi::c_void;
@@ -254,14 +257,19 @@ pub(crate) fn cuda_fwd(
 
     let nq = p.b * p.hq * p.sq * p.d;
     let nk = p.b * p.hkv * p.sk * p.d;
-    // SAFETY: plain query of a pure function of the parameter block.
-    let fast = op.gpu_path == crate::attention::GpuPath::Auto
+    // SAFETY (both queries): pure functions of the parameter block.
+    let wgmma_kind = match op.gpu_path {
+        GpuPath::Auto | GpuPath::Wgmma => unsafe { ffi::mxa_attention_wgmma_supported(&prm) },
+        _ => 0,
+    };
+    let fast = wgmma_kind == 0
+        && op.gpu_path != GpuPath::Simple
         && unsafe { ffi::mxa_attention_mma_supported(&prm) } != 0;
     let per_channel = matches!(op.cfg.v_format, OperandFormat::PerChannel { .. });
     let mut qp = dev.alloc_zeros::<f32>(nq.max(1))?;
     let mut kp = dev.alloc_zeros::<f32>(nk.max(1))?;
     let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
-    let want_unscaled = fast && per_channel;
+    let want_unscaled = (fast || wgmma_kind == 2) && per_channel;
     let mut vu = dev.alloc_zeros::<f32>(if want_unscaled { nk.max(1) } else { 1 })?;
     let mut vs = dev.alloc_zeros::<f32>(if want_unscaled {
         (p.b * p.hkv * p.d).max(1)
@@ -332,13 +340,58 @@ pub(crate) fn cuda_fwd(
     } else {
         None
     };
+    let wgmma_inputs = if wgmma_kind != 0 {
+        Some(pack_wgmma(
+            p,
+            wgmma_kind == 2,
+            &dev,
+            &stream,
+            raw,
+            (&qp, &kp),
+            if want_unscaled {
+                (&vu, Some(&vs))
+            } else {
+                (&vp, None)
+            },
+        )?)
+    } else {
+        None
+    };
     macro_rules! launch {
         ($t:ty, $wrap:ident) => {{
             let mut out = dev.alloc_zeros::<$t>(out_len.max(1))?;
             {
                 let (o_p, _d) = out.device_ptr_mut(&stream);
                 let (rb_p, _e) = rollbacks.device_ptr_mut(&stream);
-                let rc = if let Some((qb, kb, vb)) = &fast_inputs {
+                let rc = if let Some(w) = &wgmma_inputs {
+                    let (qb_p, _a) = w.q.device_ptr(&stream);
+                    let (qm_p, _b) = w.qmul.device_ptr(&stream);
+                    let (kb_p, _c) = w.k.device_ptr(&stream);
+                    let (km_p, _f) = w.kmul.device_ptr(&stream);
+                    let (vb_p, _g) = w.vt.device_ptr(&stream);
+                    let (vs_p, _h) = w.vscale.device_ptr(&stream);
+                    let vs_p = if w.fp8 { vs_p as *const f32 } else { std::ptr::null() };
+                    let (bad_p, _i) = bad.device_ptr_mut(&stream);
+                    // SAFETY: packed operands of the call's geometry (pack_wgmma); `out`
+                    // holds rows × (d or d+1) elements of the output dtype.
+                    unsafe {
+                        ffi::mxa_attention_wgmma(
+                            &prm,
+                            qb_p as *const c_void,
+                            qm_p as *const f32,
+                            kb_p as *const c_void,
+                            km_p as *const f32,
+                            vb_p as *const c_void,
+                            vs_p,
+                            w.sq_pad as i32,
+                            w.sk_pad as i32,
+                            o_p as *mut c_void,
+                            rb_p as *mut u64,
+                            bad_p as *mut i32,
+                            raw,
+                        )
+                    }
+                } else if let Some((qb, kb, vb)) = &fast_inputs {
                     let (qb_p, _a) = qb.device_ptr(&stream);
                     let (kb_p, _b) = kb.device_ptr(&stream);
                     let (vb_p, _c) = vb.device_ptr(&stream);
@@ -398,6 +451,11 @@ pub(crate) fn cuda_fwd(
     if flags & 4 != 0 {
         bail!("attention: a score overflows f32");
     }
+    if flags & 8 != 0 {
+        bail!(
+            "attention: internal error: the wgmma kernel's shared memory is not 1024-byte aligned"
+        );
+    }
     let rb = stream
         .clone_dtoh(&rollbacks)
         .map_err(candle_core::Error::wrap)?[0];
@@ -408,4 +466,123 @@ pub(crate) fn cuda_fwd(
         Shape::from((p.b, p.hq, p.sq, p.d))
     };
     Ok((CudaStorage { slice, device: dev }, shape))
+}
+
+/// Operands of the wgmma kernel: Q and K rows padded to its tiles, Vᵀ, and their scales.
+struct WgmmaInputs {
+    fp8: bool,
+    sq_pad: usize,
+    sk_pad: usize,
+    q: CudaSlice<u8>,
+    qmul: CudaSlice<f32>,
+    k: CudaSlice<u8>,
+    kmul: CudaSlice<f32>,
+    vt: CudaSlice<u8>,
+    vscale: CudaSlice<f32>,
+}
+
+/// Packs the prepared f32 operands for the wgmma kernel: FP8 E4M3 with a power-of-two
+/// scale per query row, per 128-key tile and per V channel (or the given per-channel FP8
+/// scales), or bf16 for the exact path.
+fn pack_wgmma(
+    p: &crate::attention::problem::Problem,
+    fp8: bool,
+    dev: &candle_core::cuda_backend::CudaDevice,
+    stream: &std::sync::Arc<CudaStream>,
+    raw: ffi::Stream,
+    (qp, kp): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (v, chscale): (&CudaSlice<f32>, Option<&CudaSlice<f32>>),
+) -> Result<WgmmaInputs> {
+    // SAFETY: constant queries.
+    let (rows, q_block, kt) = unsafe {
+        (
+            ffi::mxa_wgmma_rows_per_cta() as usize,
+            ffi::mxa_wgmma_rows_per_warpgroup() as usize,
+            ffi::mxa_wgmma_keys_per_tile() as usize,
+        )
+    };
+    let es = if fp8 { 1 } else { 2 };
+    let sq_pad = p.sq.div_ceil(rows) * rows;
+    let sk_pad = p.sk.div_ceil(kt) * kt;
+    let (hq, hkv) = (p.b * p.hq, p.b * p.hkv);
+    let mut q = dev.alloc_zeros::<u8>((hq * sq_pad * p.d * es).max(1))?;
+    let mut qmul = dev.alloc_zeros::<f32>((hq * sq_pad).max(1))?;
+    let mut k = dev.alloc_zeros::<u8>((hkv * sk_pad * p.d * es).max(1))?;
+    let mut kmul = dev.alloc_zeros::<f32>((hkv * sk_pad / kt).max(1))?;
+    let mut vt = dev.alloc_zeros::<u8>((hkv * sk_pad * p.d * es).max(1))?;
+    let mut vscale = dev.alloc_zeros::<f32>((hkv * p.d).max(1))?;
+    {
+        let (qp_p, _a) = qp.device_ptr(stream);
+        let (kp_p, _b) = kp.device_ptr(stream);
+        let (v_p, _c) = v.device_ptr(stream);
+        let (q_p, _d) = q.device_ptr_mut(stream);
+        let (qm_p, _e) = qmul.device_ptr_mut(stream);
+        let (k_p, _f) = k.device_ptr_mut(stream);
+        let (km_p, _g) = kmul.device_ptr_mut(stream);
+        let (vt_p, _h) = vt.device_ptr_mut(stream);
+        let (vs_p, _i) = vscale.device_ptr_mut(stream);
+        let cs = chscale.map(|c| c.device_ptr(stream));
+        let cs_p = cs
+            .as_ref()
+            .map_or(std::ptr::null(), |(x, _)| *x as *const f32);
+        // SAFETY: sources hold heads × rows × d f32; destinations were sized above for
+        // the padded rows; all on this stream.
+        unsafe {
+            check(
+                ffi::mxa_pack_rows(
+                    qp_p as *const f32,
+                    hq as i64,
+                    p.sq as i32,
+                    sq_pad as i32,
+                    1,
+                    q_block as i32,
+                    fp8 as i32,
+                    q_p as *mut c_void,
+                    qm_p as *mut f32,
+                    raw,
+                ),
+                "Q packing",
+            )?;
+            check(
+                ffi::mxa_pack_rows(
+                    kp_p as *const f32,
+                    hkv as i64,
+                    p.sk as i32,
+                    sk_pad as i32,
+                    kt as i32,
+                    kt as i32,
+                    fp8 as i32,
+                    k_p as *mut c_void,
+                    km_p as *mut f32,
+                    raw,
+                ),
+                "K packing",
+            )?;
+            check(
+                ffi::mxa_pack_vt(
+                    v_p as *const f32,
+                    hkv as i64,
+                    p.sk as i32,
+                    sk_pad as i32,
+                    fp8 as i32,
+                    cs_p,
+                    vt_p as *mut c_void,
+                    vs_p as *mut f32,
+                    raw,
+                ),
+                "V packing",
+            )?;
+        }
+    }
+    Ok(WgmmaInputs {
+        fp8,
+        sq_pad,
+        sk_pad,
+        q,
+        qmul,
+        k,
+        kmul,
+        vt,
+        vscale,
+    })
 }

@@ -67,7 +67,42 @@ pub struct AttnParams {
     pub thr_code: *const f32,
 }
 
+/// `kernels/attention_decode.cu` `DecodeParams` (same fields, same order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeParams {
+    pub b: i32,
+    pub hq: i32,
+    pub hkv: i32,
+    pub sq: i32,
+    pub n: i32,
+    pub causal: i32,
+    pub scale_log2: f32,
+    pub q_dtype: i32,
+    pub out_dtype: i32,
+    pub k_kind: i32,
+    pub k_fmt: i32,
+    pub v_kind: i32,
+    pub v_fmt: i32,
+    pub v_full: i32,
+    pub v_row_bytes: i32,
+    pub v_tail_kind: i32,
+    pub splits: i32,
+    pub q: *const c_void,
+    pub k: *const c_void,
+    pub k_sc: *const u8,
+    pub v: *const c_void,
+    pub v_sc: *const u8,
+    pub v_tail: *const c_void,
+    pub part_o: *mut f32,
+    pub part_ml: *mut f32,
+    pub out: *mut c_void,
+}
+
 extern "C" {
+    pub fn mxa_decode_splits(n: i32) -> i32;
+    pub fn mxa_decode_supported(d: i32, hq: i32, hkv: i32, sq: i32) -> i32;
+    pub fn mxa_attention_decode(p: *const DecodeParams, stream: Stream) -> i32;
     pub fn mxa_mx_quantize(
         x: *const c_void,
         dtype: i32,
@@ -123,6 +158,48 @@ extern "C" {
         k: *const c_void,
         v: *const c_void,
         vscale: *const f32,
+        out: *mut c_void,
+        rollbacks: *mut u64,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_attention_wgmma_supported(p: *const AttnParams) -> i32;
+    pub fn mxa_wgmma_rows_per_cta() -> i32;
+    pub fn mxa_wgmma_rows_per_warpgroup() -> i32;
+    pub fn mxa_wgmma_keys_per_tile() -> i32;
+    pub fn mxa_pack_rows(
+        src: *const f32,
+        heads: i64,
+        rows: i32,
+        rows_pad: i32,
+        group: i32,
+        tile: i32,
+        fp8: i32,
+        dst: *mut c_void,
+        scales: *mut f32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_pack_vt(
+        src: *const f32,
+        heads: i64,
+        rows: i32,
+        rows_pad: i32,
+        fp8: i32,
+        chscale: *const f32,
+        dst: *mut c_void,
+        vscale: *mut f32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_attention_wgmma(
+        p: *const AttnParams,
+        q: *const c_void,
+        qmul: *const f32,
+        k: *const c_void,
+        kmul: *const f32,
+        vt: *const c_void,
+        vscale: *const f32,
+        sq_pad: i32,
+        sk_pad: i32,
         out: *mut c_void,
         rollbacks: *mut u64,
         bad: *mut i32,

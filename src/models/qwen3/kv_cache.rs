@@ -387,35 +387,6 @@ impl LayerKvCache {
     }
 }
 
-/// One cached operand as stored (see [`LayerKvCache::k_view`], [`LayerKvCache::v_view`]).
-#[derive(Clone, Debug)]
-pub enum CachedOperand<'a> {
-    /// A plain tensor (model dtype or bf16).
-    Dense(&'a Tensor),
-    /// MX codes and scales of the quantized part, then the tokens kept unquantized.
-    Mx {
-        full: Option<MxTensor>,
-        tail: Option<&'a Tensor>,
-    },
-}
-
-impl CachedOperand<'_> {
-    /// The represented values, `[b, hkv, len, d]` in `dtype`.
-    pub fn to_tensor(&self, dtype: DType) -> Result<Tensor> {
-        match self {
-            Self::Dense(t) => t.to_dtype(dtype),
-            Self::Mx { full, tail } => {
-                let full = full
-                    .as_ref()
-                    .map(|m| m.dequantize()?.to_dtype(dtype))
-                    .transpose()?;
-                match (full, tail) {
-                    (Some(f), Some(t)) => Tensor::cat(&[&f, &t.to_dtype(dtype)?], 2),
-                    (Some(f), None) => Ok(f),
-                    (None, Some(t)) => t.to_dtype(dtype),
-                    (None, None) => bail!("kv cache: empty MX operand"),
-                }
-            }
-        }
-    }
-}
+/// One cached operand as stored (see [`LayerKvCache::k_view`], [`LayerKvCache::v_view`]):
+/// the attention module's [`KvOperand`], which `attention_decode` reads directly.
+pub use crate::attention::KvOperand as CachedOperand;

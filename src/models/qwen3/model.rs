@@ -17,7 +17,7 @@
 use super::config::Config;
 use super::kv_cache::LayerKvCache;
 use super::schedule::{LayerSpec, Schedule};
-use crate::attention::attention;
+use crate::attention::attention_decode;
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_b, linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
 use std::sync::Arc;
@@ -214,9 +214,15 @@ impl Attention {
             .reshape((b, nkv, l, d))?;
         let (q, k) = self.rotary.apply(&q, &k, offset)?;
         let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
-        let (k_all, v_all) = self.cache.append(&k, &v.contiguous()?)?;
+        self.cache.push(&k, &v.contiguous()?)?;
         let cfg = self.spec.attn.clone().with_causal(true);
-        let o = attention(&q, &k_all, &v_all, &cfg).map_err(|e| {
+        // The cache as stored: a decode step on CUDA reads MX codes directly; otherwise
+        // the views are dequantized and the attention op runs on them.
+        let (kv, vv) = (self.cache.k_view()?, self.cache.v_view()?);
+        let (Some(kv), Some(vv)) = (kv, vv) else {
+            bail!("qwen3 layer {}: empty KV cache after an append", self.index);
+        };
+        let o = attention_decode(&q, &kv, &vv, &cfg).map_err(|e| {
             candle_core::Error::Msg(format!("qwen3 layer {} ({}): {e}", self.index, cfg.label()))
         })?;
         o.transpose(1, 2)?

@@ -1,0 +1,730 @@
+// Hopper attention on wgmma (sm_90a), head dim 128. A CTA holds 128 query rows: two
+// consumer warpgroups of 64 rows each and one producer warp. The producer streams K and Vᵀ
+// tiles of 128 keys with bulk async copies (the TMA engine, 1-D: the operands are packed in
+// global memory already in the 128-byte-swizzled layout wgmma reads) into a ring of
+// shared-memory stages guarded by mbarriers; the consumers run S = Q·Kᵀ and O += P·V as
+// warpgroup MMAs and release each stage when done, so the two warpgroups drift apart and
+// one's softmax overlaps the other's MMAs. Two operand types:
+//
+// * FP8 E4M3 (Fused-Softmax, exp→E4M3): Q and K arrive as E4M3 codes with a power-of-two
+//   scale per query row and per 128-key tile (mxa_pack_rows); every MX/FP8 value of the
+//   quantized operand is re-expressed exactly unless the row's or tile's blocks span more
+//   binades than E4M3's subnormals reach (then its lowest bits round). The scales fold into
+//   one multiplier per row and tile: A = S_mma·mult + bias is a single FFMA, after which
+//   P is produced without exponentials (u8 code: a float add of 1.5·2^23 and a byte pick;
+//   fp32 bits: the integer cast and one cvt to E4M3). P stays in registers as the A
+//   operand of the PV MMA; Vᵀ's keys are permuted within each 32-key group
+//   (mxa_pack_vt) so the accumulator layout of S is the A-fragment layout of P.
+// * BF16 (exact softmax): the same loop with exp2 on the MUFU pipe.
+//
+// L (the row sum) comes out of the PV MMA itself: Vᵀ in shared memory carries an extra
+// ones row (N = 136), so L is summed from exactly the P operand that multiplies V. Each
+// tile's PV product lands in fresh accumulators and is added to O in f32, so the long
+// sums over keys keep f32 accumulation (Hopper's FP8 MMA accumulates internally with
+// fewer bits). Scores come from one FP8 MMA per 32 channels, so they carry that internal
+// rounding too: ≈1e-5 of the largest products, visible only where scores are huge.
+#include <stdint.h>
+#include "softmax_algos.cuh"
+
+#if defined(__HIPCC__)
+// wgmma is NVIDIA Hopper PTX; AMD builds take the portable kernels for every call.
+extern "C" int mxa_attention_wgmma_supported(const AttnParams*) { return 0; }
+extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
+extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
+extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
+extern "C" int mxa_pack_rows(const float*, int64_t, int, int, int, int, int, void*, float*, gpuStream_t) {
+  return MXA_ERR_ARGS;
+}
+extern "C" int mxa_pack_vt(const float*, int64_t, int, int, int, const float*, void*, float*, gpuStream_t) {
+  return MXA_ERR_ARGS;
+}
+extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*, const void*, const float*,
+                                   const void*, const float*, int, int, void*, unsigned long long*, int*,
+                                   gpuStream_t) {
+  return MXA_ERR_ARGS;
+}
+#else
+#include <cuda_fp8.h>
+#include <type_traits>
+#include "wgmma_ops.cuh"
+
+namespace wg {
+
+constexpr int D = 128;        // head dim
+constexpr int BR = 64;        // query rows per CTA (one warpgroup)
+constexpr int VROWS = D + 8;  // Vᵀ rows in shared memory: D channels, the ones row, 7 zero rows
+constexpr int BC_ALL = 128;   // keys per KV tile (and per K scale)
+constexpr float MAGIC = 12582912.0f;  // 1.5·2^23: x + MAGIC holds rint(x) in its low mantissa bits
+
+static __device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+// st.shared writes through the generic proxy; wgmma reads through the async one.
+static __device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across the async MMA region.
+template <int N>
+static __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
+static __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a tile of `rows` rows stored as 128-byte
+// column blocks (the layout desc_sw128 describes).
+static __device__ __forceinline__ uint32_t sw128(int rows, int r, int c) {
+  return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+static __device__ __forceinline__ void add_regs(float (&o)[68], const float (&x)[68]) {
+#pragma unroll
+  for (int i = 0; i < 68; i++) o[i] += x[i];
+}
+// Accumulator rows: element 4i + {0,1} is row g, 4i + {2,3} row g + 8.
+static __device__ __forceinline__ void scale_rows(float (&o)[68], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 68; i++) o[i] *= alpha[(i >> 1) & 1];
+}
+
+static __device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+static __device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const uint32_t l = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo));
+  const uint32_t h = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi));
+  return l | (h << 16);
+}
+static __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+// Low bytes of four (x + MAGIC) floats, packed: the u8 codes.
+static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c, float d) {
+  const uint32_t ab = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
+  const uint32_t cd = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
+  return __byte_perm(ab, cd, 0x5410);
+}
+
+// Smallest e with amax ≤ 448·2^e (0 for amax = 0): the power-of-two scale that fits a
+// row or tile of quantized values into E4M3 without saturating.
+static __device__ __forceinline__ int e4m3_fit_exp(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  int e;
+  const float m = frexpf(amax / 448.0f, &e);
+  if (m == 0.5f) e -= 1;
+  if (ldexpf(448.0f, e) < amax) e += 1;
+  while (e > -126 && ldexpf(448.0f, e - 1) >= amax) e -= 1;
+  return e;
+}
+
+// ---------------------------------------------------------------- operand packing
+//
+// Global layouts the kernel copies verbatim into shared memory (one bulk copy per tile):
+// * Q: per head, blocks of BR rows, each [colblock][BR rows][128 B], 16-byte chunks
+//   XOR-swizzled by row (sw128);
+// * K: per head, tiles of BC keys, each [colblock][BC keys][128 B], swizzled the same way;
+// * Vᵀ: per head, tiles of BC keys, each [colblock][D channels][128 B]: channel rows of
+//   the tile's keys (FP8: permuted per 32-key group by perm_pos), swizzled.
+
+// Position of key j of a 32-key group in the PV A fragment (see the file comment): the
+// thread holding S columns {2t, 2t+1, 2t+8, 2t+9} of a 16-key half feeds k = 4t..4t+3.
+static __host__ __device__ constexpr int perm_pos(int j) {
+  return (j & 16) + 4 * ((j >> 1) & 3) + (j & 1) + 2 * ((j >> 3) & 1);
+}
+
+// Byte offset of byte `b` of row `r` in a packed tile of `rows` rows.
+static __device__ __forceinline__ int64_t tile_off(int rows, int r, int b) {
+  return (int64_t)sw128(rows, r, b >> 4) + (b & 15);
+}
+
+// Rows of D f32 → E4M3 with one power-of-two scale per `group` rows (FP8), or → bf16,
+// into tiles of `tile` rows (tile a multiple of group). Rows past `rows` (up to rows_pad)
+// are zero. One block per (group, head).
+__global__ void pack_rows_kernel(const float* __restrict__ src, int rows, int rows_pad, int group, int tile, int fp8,
+                                 uint8_t* __restrict__ dst, float* __restrict__ scales) {
+  const int head = blockIdx.y;
+  const int r0 = blockIdx.x * group;
+  const float* s = src + (int64_t)head * rows * D;
+  const int es = fp8 ? 1 : 2;
+  __shared__ float red[32];
+  float inv = 1.0f;
+  if (fp8) {
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+      const int r = r0 + i / D;
+      if (r < rows) amax = fmaxf(amax, fabsf(s[(int64_t)r * D + i % D]));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      float a = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+      for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      if (threadIdx.x == 0) red[0] = a;
+    }
+    __syncthreads();
+    const int e = e4m3_fit_exp(red[0]);
+    inv = ldexpf(1.0f, -e);
+    if (threadIdx.x == 0) scales[(int64_t)head * (rows_pad / group) + blockIdx.x] = ldexpf(1.0f, e);
+  }
+  uint8_t* dh = dst + (int64_t)head * rows_pad * D * es;
+  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+    const int r = r0 + i / D, c = i % D;
+    const float x = r < rows ? s[(int64_t)r * D + c] * inv : 0.0f;
+    uint8_t* t = dh + (int64_t)(r / tile) * tile * D * es;
+    const int64_t o = tile_off(tile, r % tile, c * es);
+    if (fp8) t[o] = (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+    else *(bf16_t*)(t + o) = __float2bfloat16_rn(x);
+  }
+}
+
+// Largest |v| per (head, channel), as f32 bits (non-negative floats order like integers).
+__global__ void channel_amax_kernel(const float* __restrict__ src, int rows, int chunk, unsigned* __restrict__ amax) {
+  const int head = blockIdx.y, c = threadIdx.x;
+  const float* s = src + (int64_t)head * rows * D;
+  float a = 0.0f;
+  const int r1 = min(rows, (int)(blockIdx.x + 1) * chunk);
+  for (int r = blockIdx.x * chunk; r < r1; r++) a = fmaxf(a, fabsf(s[(int64_t)r * D + c]));
+  atomicMax(&amax[head * D + c], __float_as_uint(a));
+}
+
+__global__ void channel_scale_kernel(const unsigned* __restrict__ amax, int n, float* __restrict__ scale) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) scale[i] = ldexpf(1.0f, e4m3_fit_exp(__uint_as_float(amax[i])));
+}
+
+// V [rows, D] f32 → packed Vᵀ tiles: E4M3 codes of v / scale[c] (divide) or of v as given,
+// keys permuted per 32-key group (FP8), or bf16 in key order. One block of D threads per
+// 32 keys; thread c writes its channel's 32 keys.
+template <bool FP8>
+__global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows_pad, const float* __restrict__ scale,
+                               int divide, uint8_t* __restrict__ dst) {
+  constexpr int ES = FP8 ? 1 : 2;
+  const int head = blockIdx.y, c = threadIdx.x, k0 = blockIdx.x * 32;
+  const float* s = src + (int64_t)head * rows * D;
+  uint8_t* t = dst + (int64_t)head * rows_pad * D * ES + (int64_t)(k0 / BC_ALL) * BC_ALL * D * ES;
+  const int b0 = (k0 % BC_ALL) * ES;  // first byte of this group in the channel's tile row
+  uint32_t w[8 * ES];
+  if (FP8) {
+    const float inv = divide ? 1.0f / scale[head * D + c] : 1.0f;  // a power of two
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      const int r = k0 + j;
+      const float x = r < rows ? s[(int64_t)r * D + c] * inv : 0.0f;
+      const uint32_t b = (uint32_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      const int p = perm_pos(j);
+      w[p >> 2] |= b << (8 * (p & 3));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; j += 2) {
+      const float x0 = k0 + j < rows ? s[(int64_t)(k0 + j) * D + c] : 0.0f;
+      const float x1 = k0 + j + 1 < rows ? s[(int64_t)(k0 + j + 1) * D + c] : 0.0f;
+      w[j / 2] = pack_bf16(x0, x1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2 * ES; i++)  // 16-byte chunks
+    *(uint4*)(t + tile_off(D, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+}
+
+// ---------------------------------------------------------------- the attention kernel
+
+constexpr int STAGES_FP8 = 3;
+constexpr int STAGES_BF16 = 2;
+constexpr int CONSUMERS = 2;                    // warpgroups of 64 rows
+constexpr int THREADS = (CONSUMERS + 1) * 128;  // + the producer warpgroup (last)
+constexpr int ROWS = CONSUMERS * BR;            // query rows per CTA
+
+template <bool FP8>
+struct Tile {
+  static constexpr int ES = FP8 ? 1 : 2;      // bytes per element
+  static constexpr int BC = BC_ALL;           // keys per KV tile
+  static constexpr int STAGES = FP8 ? STAGES_FP8 : STAGES_BF16;
+  static constexpr int CB = D * ES / 128;     // 128-byte column blocks of a Q/K row
+  static constexpr int VCB = BC * ES / 128;   // column blocks of a Vᵀ row
+  static constexpr int KSTEPS = D * ES / 32;  // QK k-steps (32 bytes each)
+  static constexpr int PSTEPS = BC * ES / 32;  // PV k-steps
+  static constexpr int Q_BYTES = ROWS * D * ES;
+  static constexpr int K_BYTES = BC * D * ES;
+  static constexpr int VT_BYTES = BC * D * ES;          // one packed Vᵀ tile in global
+  static constexpr int V_STAGE = VCB * VROWS * 128;      // with the ones/zero rows
+  static constexpr int BAR_OFF = Q_BYTES + STAGES * (K_BYTES + V_STAGE);
+  static constexpr int SMEM = BAR_OFF + 8 * (4 * STAGES + 1);
+};
+
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+static __device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+static __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// 1-D bulk copy global → shared on the TMA engine, completing on `bar`.
+static __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+template <bool FP8>
+static __device__ __forceinline__ void qk_mma(float (&s)[64], uint32_t q_s, uint32_t k_s) {
+  using T = Tile<FP8>;
+#pragma unroll
+  for (int kk = 0; kk < T::KSTEPS; kk++) {
+    const int cb = (kk * 32) / 128, off = (kk * 32) % 128;
+    const uint64_t da = desc_sw128(q_s + cb * BR * 128 + off);
+    const uint64_t db = desc_sw128(k_s + cb * T::BC * 128 + off);
+    if constexpr (FP8) wgmma_ss_m64n128k32_e4m3(s, da, db, kk > 0);
+    else wgmma_ss_m64n128k16_bf16(s, da, db, kk > 0);
+  }
+}
+
+template <bool FP8>
+static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a)[Tile<FP8>::PSTEPS][4],
+                                              uint32_t v_s, bool accumulate) {
+  using T = Tile<FP8>;
+#pragma unroll
+  for (int kk = 0; kk < T::PSTEPS; kk++) {
+    const int cb = (kk * 32) / 128, off = (kk * 32) % 128;
+    const uint64_t db = desc_sw128(v_s + cb * VROWS * 128 + off);
+    if constexpr (FP8) wgmma_rs_m64n136k32_e4m3(o, a[kk], db, accumulate || kk > 0);
+    else wgmma_rs_m64n136k16_bf16(o, a[kk], db, accumulate || kk > 0);
+  }
+}
+
+// MODE: 0 exact softmax (bf16), 1 Fused-Softmax u8 code, 2 Fused-Softmax fp32 bits,
+// 3 exp then E4M3 P.
+template <bool FP8, int MODE>
+__global__ void __launch_bounds__(THREADS, 1)
+    attention_wgmma_kernel(AttnParams P, const uint8_t* __restrict__ q, const float* __restrict__ qmul,
+                           const uint8_t* __restrict__ k, const float* __restrict__ kmul,
+                           const uint8_t* __restrict__ vt, const float* __restrict__ vscale, int sq_pad, int sk_pad,
+                           void* __restrict__ out, unsigned long long* __restrict__ rollbacks, int* __restrict__ bad) {
+  using T = Tile<FP8>;
+  constexpr int BC = T::BC;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t q_s = smem_u32(smem), k_s = q_s + T::Q_BYTES, v_s = k_s + T::STAGES * T::K_BYTES;
+  // mbarriers: K full/empty, V full/empty (one per stage each), Q
+  const uint32_t bars = q_s + T::BAR_OFF;
+  const uint32_t k_full = bars, k_empty = bars + 8 * T::STAGES;
+  const uint32_t v_full = bars + 16 * T::STAGES, v_empty = bars + 24 * T::STAGES;
+  const uint32_t q_bar = bars + 32 * T::STAGES;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (q_s & 1023) {  // the swizzle atoms need 1024-byte alignment
+    if (tid == 0) atomicOr(bad, 8);
+    return;
+  }
+  const int nqb = sq_pad / ROWS;
+  const int qb = blockIdx.x % nqb, bh = blockIdx.x / nqb;
+  const int h = bh % P.hq, bb = bh / P.hq;
+  const int kvh = h / (P.hq / P.hkv);
+  const int q0 = qb * ROWS;
+  const int len = P.kv_lens[bb];
+  int cta_vis = len;
+  if (P.causal) {
+    const int last = min(P.sq - 1, q0 + ROWS - 1);
+    cta_vis = (int)max(0LL, min((long long)len, (long long)last + len - P.sq + 1));
+  }
+  const int ntiles = (cta_vis + BC - 1) / BC;
+
+  if (tid == 0) {
+    for (int s = 0; s < T::STAGES; s++) {
+      mbar_init(k_full + 8 * s, 1);  // full: the producer's arrive + the bytes
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(k_empty + 8 * s, CONSUMERS * 128);  // empty: every consumer thread
+      mbar_init(v_empty + 8 * s, CONSUMERS * 128);
+    }
+    mbar_init(q_bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // the ones row (L) and zero rows under the D channel rows of every Vᵀ stage and column block
+  for (int i = tid; i < T::STAGES * T::VCB * 8 * 32; i += THREADS) {
+    const int w = i % 32, r = D + (i / 32) % 8, cbs = i / 256;
+    const uint32_t one = FP8 ? 0x38383838u : 0x3F803F80u;
+    ((uint32_t*)(smem + T::Q_BYTES + T::STAGES * T::K_BYTES + cbs * VROWS * 128 + r * 128))[w] = r == D ? one : 0u;
+  }
+  fence_proxy_async();
+  __syncthreads();
+
+  if (warp >= CONSUMERS * 4) {
+    // ---- producer warpgroup: gives its registers to the consumers; one lane streams Q
+    // once, then K/Vᵀ tiles through the ring
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (warp == CONSUMERS * 4 && lane == 0) {
+      const uint8_t* qg = q + (((int64_t)bb * P.hq + h) * sq_pad + q0) * D * T::ES;
+      mbar_expect_tx(q_bar, T::Q_BYTES);
+      bulk_copy(q_s, qg, T::Q_BYTES, q_bar);
+      const uint8_t* kg = k + ((int64_t)bb * P.hkv + kvh) * sk_pad * D * T::ES;
+      const uint8_t* vg = vt + ((int64_t)bb * P.hkv + kvh) * sk_pad * D * T::ES;
+      for (int j = 0; j < ntiles; j++) {
+        const int s = j % T::STAGES, use = j / T::STAGES;
+        if (use > 0) mbar_wait(k_empty + 8 * s, (use - 1) & 1);
+        mbar_expect_tx(k_full + 8 * s, T::K_BYTES);
+        bulk_copy(k_s + s * T::K_BYTES, kg + (int64_t)j * T::K_BYTES, T::K_BYTES, k_full + 8 * s);
+        if (use > 0) mbar_wait(v_empty + 8 * s, (use - 1) & 1);
+        mbar_expect_tx(v_full + 8 * s, T::VT_BYTES);
+#pragma unroll
+        for (int cb = 0; cb < T::VCB; cb++)
+          bulk_copy(v_s + s * T::V_STAGE + cb * VROWS * 128, vg + (int64_t)j * T::VT_BYTES + cb * D * 128, D * 128,
+                    v_full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wg = warp / 4, wr = warp % 4;  // warpgroup, warp within it
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = q0 + wg * BR + wr * 16 + g;  // this thread's rows: row0 and row0 + 8
+  int nvis[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = row0 + 8 * r;
+    int n = len;
+    if (P.causal) n = (int)max(0LL, min((long long)len, (long long)i + len - P.sq + 1));
+    nvis[r] = i < P.sq ? n : 0;
+  }
+  const int nvis_min = min(nvis[0], nvis[1]);
+  const float* kmul_h = kmul + ((int64_t)bb * P.hkv + kvh) * (sk_pad / BC);
+  const uint32_t qw_s = q_s + wg * BR * D * T::ES;
+
+  float o[68];
+#pragma unroll
+  for (int i = 0; i < 68; i++) o[i] = 0.0f;
+  float m[2] = {NEG_INF, NEG_INF};
+  bool started[2] = {false, false};
+  unsigned nroll = 0;
+  float qm[2] = {1.0f, 1.0f};
+  if (FP8) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) qm[r] = qmul[((int64_t)bb * P.hq + h) * sq_pad + row0 + 8 * r];
+  }
+  const float G = MODE == 1 || MODE == 2 ? P.fused_g : 1.0f;
+  // BF16 MMAs accumulate in f32, so P·V adds straight into O. FP8 MMAs sum with fewer
+  // bits (relative to the largest addend, the accumulator included), so P·V accumulates
+  // in a separate run of at most RUN tiles (16 k-steps) that is added to O in f32.
+  constexpr bool DIRECT = !FP8;
+  constexpr int RUN = 4;
+  float ot[68];  // the open run (FP8 only; dead code for BF16)
+  mbar_wait(q_bar, 0);
+
+  // Ping-pong: slot i issues PV of tile i−1 and QK of tile i as one batch of MMAs, then
+  // runs tile i's softmax while the other warpgroup's batch keeps the tensor cores busy.
+  // Named barriers 1 and 2 hand the issue turn back and forth (warpgroup 0 first).
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
+  if (wg == 1) named_bar_arrive(1, CONSUMERS * 128);
+  uint32_t a[T::PSTEPS][4];
+  float alpha[2] = {1.0f, 1.0f};
+  // One slot; HAS_PV / HAS_QK are compile-time so every wgmma sits on a uniform path.
+  auto run_slot = [&](int slot, auto has_pv, auto has_qk) {
+    constexpr bool HAS_PV = decltype(has_pv)::value, HAS_QK = decltype(has_qk)::value;
+    const int j = slot, jp = slot - 1;  // QK tile, PV tile
+    if (HAS_QK) mbar_wait(k_full + 8 * (j % T::STAGES), (j / T::STAGES) & 1);
+    if (HAS_PV) mbar_wait(v_full + 8 * (jp % T::STAGES), (jp / T::STAGES) & 1);
+    named_bar_sync(my_bar, CONSUMERS * 128);
+    float s[64];
+    const bool fresh = DIRECT || jp % RUN == 0;  // the PV MMA starts a new run in ot
+    if constexpr (HAS_PV && DIRECT) {
+      if (alpha[0] != 1.0f || alpha[1] != 1.0f) scale_rows(o, alpha);
+    }
+    if constexpr (HAS_PV && !DIRECT) {
+      if (fresh && jp > 0) add_regs(o, ot);        // close the previous run
+      if (alpha[0] != 1.0f || alpha[1] != 1.0f) {  // O (and the open run) ·= α
+        scale_rows(o, alpha);
+        if (!fresh) scale_rows(ot, alpha);
+      }
+    }
+    wgmma_fence();
+    if constexpr (HAS_PV) {
+      if constexpr (DIRECT) pv_mma<FP8>(o, a, v_s + (jp % T::STAGES) * T::V_STAGE, true);
+      else pv_mma<FP8>(ot, a, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
+    }
+    if constexpr (HAS_QK) qk_mma<FP8>(s, qw_s, k_s + (j % T::STAGES) * T::K_BYTES);
+    wgmma_commit();
+    if (!(wg == 1 && slot == ntiles)) named_bar_arrive(other_bar, CONSUMERS * 128);
+    wgmma_wait0();
+    fence_regs(s);
+    if constexpr (DIRECT) fence_regs(o);
+    else fence_regs(ot);
+    if (HAS_QK) mbar_arrive(k_empty + 8 * (j % T::STAGES));  // this thread is done with K(j)
+    if constexpr (HAS_PV) mbar_arrive(v_empty + 8 * (jp % T::STAGES));
+    if constexpr (HAS_QK) {
+      const int key0 = j * BC;
+      const float km = FP8 ? kmul_h[j] : 1.0f;
+      if (key0 + BC > nvis_min) {  // keys past a row's visible range score −inf
+#pragma unroll
+        for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int key = key0 + 8 * i + 2 * t + (e & 1);
+            if (key >= nvis[e >> 1]) s[4 * i + e] = NEG_INF;
+          }
+      }
+
+      alpha[0] = alpha[1] = 1.0f;
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        float smax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < BC / 8; i++) smax = fmaxf(smax, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+        smax = quad_max(smax);
+        const float unit = qm[r] * km;  // S_true = S_mma · unit (a power of two)
+        if (smax != NEG_INF && !(fabsf(smax * unit) < INFINITY)) atomicOr(bad, 4);
+        if (MODE == 1 || MODE == 2) {
+          const float mult = G * unit;
+          if (!started[r] && smax != NEG_INF) {
+            m[r] = smax * unit - 0.125f;
+            started[r] = true;
+          }
+          const float bias = started[r] ? P.fused_off - G * m[r] : NEG_INF;
+          const float amax = started[r] ? fmaf(smax, mult, bias) : NEG_INF;
+          float delta = 0.0f;
+          if (amax > P.fused_thr) {
+            delta = amax - P.fused_off;
+            m[r] += delta / G;
+            alpha[r] = exp2f(-delta / G);
+            nroll++;
+          }
+#pragma unroll
+          for (int i = 0; i < BC / 8; i++) {
+            float x0 = fmaf(s[4 * i + 2 * r], mult, bias);
+            float x1 = fmaf(s[4 * i + 2 * r + 1], mult, bias);
+            if (delta != 0.0f) {
+              x0 -= delta;
+              x1 -= delta;
+            }
+            if (MODE == 1) {
+              s[4 * i + 2 * r] = fmaxf(x0 + MAGIC, MAGIC);
+              s[4 * i + 2 * r + 1] = fmaxf(x1 + MAGIC, MAGIC);
+            } else {
+              s[4 * i + 2 * r] = __uint_as_float(x0 > 0.0f ? (unsigned)x0 : 0u);
+              s[4 * i + 2 * r + 1] = __uint_as_float(x1 > 0.0f ? (unsigned)x1 : 0u);
+            }
+          }
+        } else {
+          // exact online softmax in log2 units (MODE 0), or exp then E4M3 P (MODE 3)
+          const float mult = P.score_scale * P.log2e * unit;
+          const float mn = fmaxf(m[r], smax * mult);
+          if (mn != NEG_INF) alpha[r] = ex2(m[r] - mn);
+          m[r] = mn;
+#pragma unroll
+          for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              const float x = mn == NEG_INF ? 0.0f : ex2(fmaf(s[4 * i + 2 * r + e], mult, -mn));
+              s[4 * i + 2 * r + e] = MODE == 3 ? x * 256.0f : x;
+            }
+        }
+      }
+      // P as the A operand of the PV MMA
+#pragma unroll
+      for (int kk = 0; kk < T::PSTEPS; kk++) {
+        if constexpr (FP8) {
+          const int c0 = 16 * kk;  // s index of key chunk 4kk
+          if (MODE == 1) {
+            a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
+            a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
+            a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
+            a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
+          } else {
+            a[kk][0] = e4m3x2(s[c0 + 0], s[c0 + 1]) | (e4m3x2(s[c0 + 4], s[c0 + 5]) << 16);
+            a[kk][1] = e4m3x2(s[c0 + 2], s[c0 + 3]) | (e4m3x2(s[c0 + 6], s[c0 + 7]) << 16);
+            a[kk][2] = e4m3x2(s[c0 + 8], s[c0 + 9]) | (e4m3x2(s[c0 + 12], s[c0 + 13]) << 16);
+            a[kk][3] = e4m3x2(s[c0 + 10], s[c0 + 11]) | (e4m3x2(s[c0 + 14], s[c0 + 15]) << 16);
+          }
+        } else {
+          const int c0 = 8 * kk;
+          a[kk][0] = pack_bf16(s[c0 + 0], s[c0 + 1]);
+          a[kk][1] = pack_bf16(s[c0 + 2], s[c0 + 3]);
+          a[kk][2] = pack_bf16(s[c0 + 4], s[c0 + 5]);
+          a[kk][3] = pack_bf16(s[c0 + 6], s[c0 + 7]);
+        }
+      }
+    }
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (ntiles > 0) {
+    run_slot(0, no{}, yes{});
+    for (int slot = 1; slot < ntiles; slot++) run_slot(slot, yes{}, yes{});
+    run_slot(ntiles, yes{}, no{});
+  } else {
+    run_slot(0, no{}, no{});  // keeps the turn handshake of both warpgroups balanced
+  }
+
+  if constexpr (!DIRECT) {
+    if (ntiles > 0) add_regs(o, ot);
+  }
+
+  // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
+  const int64_t stride = P.with_lse ? D + 1 : D;
+  const float* vsc = vscale ? vscale + ((int64_t)bb * P.hkv + kvh) * D : nullptr;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float l = __shfl_sync(0xffffffffu, o[64 + 2 * r], lane & ~3);
+    const int i = row0 + 8 * r;
+    if (i >= P.sq) continue;
+    const int64_t row = ((int64_t)bb * P.hq + h) * P.sq + i;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int n = 0; n < 16; n++) {
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int ch = n * 8 + 2 * t + c;
+        float val = o[4 * n + 2 * r + c];
+        if (vsc) val *= vsc[ch];
+        val = l > 0.0f ? val * inv : 0.0f;
+        const int64_t idx = row * stride + ch;
+        if (P.with_lse || P.out_dtype == 0) ((float*)out)[idx] = val;
+        else if (P.out_dtype == 1) ((bf16_t*)out)[idx] = __float2bfloat16_rn(val);
+        else ((f16_t*)out)[idx] = __float2half_rn(val);
+      }
+    }
+    if (P.with_lse && t == 0) {
+      float lse = NEG_INF;
+      if (nvis[r] > 0 && l > 0.0f) lse = P.ln2 * (m[r] + log2f(MODE == 3 ? l / 256.0f : l));
+      ((float*)out)[row * stride + D] = lse;
+    }
+  }
+  if (t == 0 && nroll) atomicAdd(rollbacks, (unsigned long long)nroll);
+}
+
+static int mode_of(const AttnParams* P) {
+  if (P->algo == ALGO_EXACT) return 0;
+  if (P->algo == ALGO_FUSED) return P->fused_kind == FUSED_U8 ? 1 : 2;
+  return 3;
+}
+
+static bool fp8_operand(const OperandFmt& f) {
+  // MX elements (any format) and E4M3 per-channel codes have at most 4 significant bits.
+  return f.kind == OPK_MX || (f.kind == OPK_PER_CHANNEL && f.elem == FMT_E4M3);
+}
+
+template <bool FP8, int MODE>
+static int launch(const AttnParams* P, const void* q, const float* qmul, const void* k, const float* kmul,
+                  const void* vt, const float* vscale, int sq_pad, int sk_pad, void* out,
+                  unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
+  auto kern = attention_wgmma_kernel<FP8, MODE>;
+  const int smem = Tile<FP8>::SMEM;
+  if (gpuFuncSetMaxDynamicSmem(kern, smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
+  const int64_t grid = (int64_t)(sq_pad / ROWS) * P->hq * P->b;
+  kern<<<(unsigned)grid, THREADS, smem, stream>>>(*P, (const uint8_t*)q, qmul, (const uint8_t*)k, kmul,
+                                                 (const uint8_t*)vt, vscale, sq_pad, sk_pad, out, rollbacks, bad);
+  return mxa_status();
+}
+
+}  // namespace wg
+
+// 0: not taken; 1: BF16 operands (exact softmax); 2: FP8 E4M3 operands.
+extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
+  if (P->d != wg::D || P->hkv <= 0 || P->hq % P->hkv != 0) return 0;
+  const bool native = (P->qk.kind == OPK_NATIVE || P->qk.kind == OPK_BF16) &&
+                      (P->v.kind == OPK_NATIVE || P->v.kind == OPK_BF16);
+  if (P->algo == ALGO_EXACT && P->p_kind == PROB_F32 && native) return 1;
+  const bool fp8_ops = wg::fp8_operand(P->qk) && wg::fp8_operand(P->v);
+  if (!fp8_ops) return 0;
+  if (P->algo == ALGO_FUSED && P->p_kind == PROB_F32 &&
+      (P->fused_kind == FUSED_U8 || P->fused_kind == FUSED_F32BITS))
+    return 2;
+  if (P->algo == ALGO_ETQ && P->p_kind == PROB_FP8 && P->p_elem == FMT_E4M3) return 2;
+  return 0;
+}
+
+// Row and key padding the packed operands need, and Q's packed block (one warpgroup's rows).
+extern "C" int mxa_wgmma_rows_per_cta() { return wg::ROWS; }
+extern "C" int mxa_wgmma_rows_per_warpgroup() { return wg::BR; }
+extern "C" int mxa_wgmma_keys_per_tile() { return wg::BC_ALL; }
+
+// group: rows per FP8 scale (1 for Q, keys per tile for K); tile: rows per packed tile
+// (one warpgroup's query rows for Q, keys per tile for K).
+extern "C" int mxa_pack_rows(const float* src, int64_t heads, int rows, int rows_pad, int group, int tile, int fp8,
+                             void* dst, float* scales, gpuStream_t stream) {
+  if (heads <= 0 || rows_pad <= 0) return MXA_OK;
+  if (rows_pad % tile != 0 || tile % group != 0 || heads > 65535) return MXA_ERR_ARGS;
+  dim3 grid((unsigned)(rows_pad / group), (unsigned)heads);
+  wg::pack_rows_kernel<<<grid, group == 1 ? 128 : 256, 0, stream>>>(src, rows, rows_pad, group, tile, fp8,
+                                                                     (uint8_t*)dst, scales);
+  return mxa_status();
+}
+
+// chscale: the per-channel scales of FP8 per-channel V (its values are already on the E4M3
+// grid), or null to derive a power-of-two scale per channel from the values.
+extern "C" int mxa_pack_vt(const float* src, int64_t heads, int rows, int rows_pad, int fp8, const float* chscale,
+                           void* dst, float* vscale, gpuStream_t stream) {
+  if (heads <= 0 || rows_pad <= 0) return MXA_OK;
+  if (rows_pad % wg::BC_ALL != 0 || heads > 65535) return MXA_ERR_ARGS;
+  const int n = (int)heads * wg::D;
+  dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
+  if (fp8) {
+    if (chscale) {
+      if (cudaMemcpyAsync(vscale, chscale, n * sizeof(float), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+        return MXA_ERR_LAUNCH;
+    } else {
+      unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
+      if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
+      const int chunk = 512;
+      dim3 g1((unsigned)((rows + chunk - 1) / chunk), (unsigned)heads);
+      if (rows > 0) wg::channel_amax_kernel<<<g1, wg::D, 0, stream>>>(src, rows, chunk, amax);
+      wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
+    }
+    wg::pack_vt_kernel<true><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, vscale, chscale == nullptr,
+                                                         (uint8_t*)dst);
+  } else {
+    wg::pack_vt_kernel<false><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, nullptr, 0, (uint8_t*)dst);
+  }
+  return mxa_status();
+}
+
+extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const float* qmul, const void* k,
+                                   const float* kmul, const void* vt, const float* vscale, int sq_pad, int sk_pad,
+                                   void* out, unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
+  const int kind = mxa_attention_wgmma_supported(P);
+  if (kind == 0 || sq_pad % wg::ROWS != 0 || sk_pad % wg::BC_ALL != 0) return MXA_ERR_ARGS;
+  if ((int64_t)(sq_pad / wg::ROWS) * P->hq * P->b == 0) return MXA_OK;
+  switch (wg::mode_of(P)) {
+    case 0: return wg::launch<false, 0>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 1: return wg::launch<true, 1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 2: return wg::launch<true, 2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    default:
+      return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+  }
+}
+#endif  // !__HIPCC__
