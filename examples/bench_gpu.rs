@@ -29,6 +29,9 @@ struct Args {
     /// Only entries whose name contains this.
     #[arg(long)]
     filter: Option<String>,
+    /// Skip entries whose name contains any of these (comma separated).
+    #[arg(long, default_value = "")]
+    exclude: String,
     /// Decode contexts to time the split-KV decode kernel at (comma separated; empty: none):
     /// one query row per sequence, Qwen3-8B's 32/8 heads, the KV cache in BF16 and in MX.
     #[arg(long, default_value = "1024,8192,32768")]
@@ -183,7 +186,10 @@ fn main() -> Result<()> {
         } else {
             format!("({}, {}/{}, {}x{}, {})", s.b, s.hq, s.hkv, s.s, s.sk, s.d)
         };
-        let keep = |n: &str| a.filter.as_ref().is_none_or(|f| n.contains(f.as_str()));
+        let keep = |n: &str| {
+            a.filter.as_ref().is_none_or(|f| n.contains(f.as_str()))
+                && !a.exclude.split(',').any(|x| !x.is_empty() && n.contains(x))
+        };
         // candle's composition materializes the score matrix: skip it where that would not fit
         let score_bytes = 2.0 * (s.b * s.hq) as f64 * s.s as f64 * s.sk as f64;
         let base = if score_bytes < 4e9 {

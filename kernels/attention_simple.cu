@@ -71,50 +71,70 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
   for (int c = lane; c < d; c += 32) out[r * d + c] = row[c];
 }
 
-// V along the keys, one thread per (batch, kv head, channel); keys past the batch entry's
-// length are zeroed so they never touch a scale.
-__global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int d,
+// V along the keys, one thread per (block of keys, batch · kv head, channel), channels
+// fastest so loads coalesce. A block is fmt.block keys for MX V (each quantized on its
+// own) and 32 otherwise. Keys past the batch entry's length are zeroed so they never
+// touch a scale. Per-channel V only gathers each channel's amax here (as f32 bits, in
+// vscale); prep_v_channel_kernel encodes.
+__global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int d, int kb,
                               const int32_t* __restrict__ kv_lens, OperandFmt fmt, float* __restrict__ out,
-                              float* __restrict__ v_unscaled, float* __restrict__ vscale, int* __restrict__ bad) {
+                              unsigned* __restrict__ amax_bits, int* __restrict__ bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= (int64_t)b * hkv * d) return;
+  const int nblk = (sk + kb - 1) / kb;
+  if (t >= (int64_t)b * hkv * d * nblk) return;
   const int c = (int)(t % d);
-  const int64_t bh = t / d;
+  const int jb = (int)((t / d) % nblk);
+  const int64_t bh = t / ((int64_t)d * nblk);
   const int bb = (int)(bh / hkv);
   const int len = kv_lens[bb];
   const int64_t base = bh * (int64_t)sk * d + c;
-  for (int j = 0; j < sk; j++) {
+  const int j0 = jb * kb, j1 = min(sk, j0 + kb);
+  float amax = 0.0f;
+  for (int j = j0; j < j1; j++) {
     const float x = load_val(v, base + (int64_t)j * d, dtype);
     if (!isfinite(x)) atomicOr(bad, 2);
     float y = j < len ? x : 0.0f;
     if (fmt.kind == OPK_BF16) y = round_bf16(y);
+    amax = fmaxf(amax, fabsf(y));
     out[base + (int64_t)j * d] = y;
   }
-  if (fmt.kind == OPK_MX) {
-    for (int j0 = 0; j0 < len; j0 += fmt.block) {
-      const int n = min(fmt.block, len - j0);
-      float amax = 0.0f;
-      for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(out[base + (int64_t)(j0 + j) * d]));
-      const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
-      const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
-      for (int j = 0; j < n; j++) {
-        float* p = out + base + (int64_t)(j0 + j) * d;
-        *p = mx_decode(mx_encode(*p * inv, fmt.elem), fmt.elem) * sc;
-      }
+  if (fmt.kind == OPK_MX && j0 < len) {
+    const int n = min(kb, len - j0);
+    const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
+    const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
+    for (int j = 0; j < n; j++) {
+      float* p = out + base + (int64_t)(j0 + j) * d;
+      *p = mx_decode(mx_encode(*p * inv, fmt.elem), fmt.elem) * sc;
     }
   } else if (fmt.kind == OPK_PER_CHANNEL) {
-    float amax = 0.0f;
-    for (int j = 0; j < len; j++) amax = fmaxf(amax, fabsf(out[base + (int64_t)j * d]));
-    const float s = amax > 0.0f ? amax / fmt_info(fmt.elem).max_normal : 1.0f;
-    // the fast kernel multiplies the FP8 codes in the GEMM and applies s to O
-    if (vscale) vscale[t] = s;
-    for (int j = 0; j < len; j++) {
-      float* p = out + base + (int64_t)j * d;
-      const float code = mx_decode(mx_encode(*p / s, fmt.elem), fmt.elem);
-      if (v_unscaled) v_unscaled[base + (int64_t)j * d] = code;
-      *p = code * s;
-    }
+    atomicMax(&amax_bits[bh * d + c], __float_as_uint(amax));  // non-negative floats order as integers
   }
+}
+
+// Per-channel FP8 V: codes of v / s with s = amax / max_normal (one thread per element).
+__global__ void prep_v_channel_kernel(int b, int hkv, int sk, int d, const int32_t* __restrict__ kv_lens,
+                                      OperandFmt fmt, const unsigned* __restrict__ amax_bits,
+                                      float* __restrict__ out, float* __restrict__ v_unscaled) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= (int64_t)b * hkv * sk * d) return;
+  const int c = (int)(t % d);
+  const int j = (int)((t / d) % sk);
+  const int64_t bh = t / ((int64_t)d * sk);
+  const int len = kv_lens[bh / hkv];
+  if (j >= len) return;  // zero already, in both outputs
+  const float amax = __uint_as_float(amax_bits[bh * d + c]);
+  const float s = amax > 0.0f ? amax / fmt_info(fmt.elem).max_normal : 1.0f;
+  const float code = mx_decode(mx_encode(out[t] / s, fmt.elem), fmt.elem);
+  if (v_unscaled) v_unscaled[t] = code;
+  out[t] = code * s;
+}
+
+// amax bits → the scale s, in place (after prep_v_channel_kernel has read them).
+__global__ void prep_v_scale_kernel(int n, OperandFmt fmt, float* __restrict__ scale) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float amax = scale[i];
+  scale[i] = amax > 0.0f ? amax / fmt_info(fmt.elem).max_normal : 1.0f;
 }
 
 // ---- attention -------------------------------------------------------------------------
@@ -228,9 +248,24 @@ extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void
     prep_qk_kernel<<<(unsigned)((krows + warps - 1) / warps), warps * 32, smem, stream>>>(
         k, P->in_dtype, krows, P->d, 1.0f, P->hadamard, P->hadamard_scale, P->qk, kp, bad);
   const int64_t vt = (int64_t)P->b * P->hkv * P->d;
-  if (vt > 0)
-    prep_v_kernel<<<(unsigned)((vt + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, P->d,
-                                                                    P->kv_lens, P->v, vp, v_unscaled, vscale, bad);
+  const bool per_channel = P->v.kind == OPK_PER_CHANNEL;
+  if (per_channel && !vscale) return MXA_ERR_ARGS;  // its amax gathers there
+  if (vt > 0 && P->sk > 0) {
+    const int kb = P->v.kind == OPK_MX ? P->v.block : 32;
+    const int64_t n = vt * ((P->sk + kb - 1) / kb);
+    if (per_channel && gpuMemsetAsync(vscale, 0, vt * sizeof(float), stream) != GPU_SUCCESS) return MXA_ERR_LAUNCH;
+    prep_v_kernel<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, P->d, kb,
+                                                                  P->kv_lens, P->v, vp, (unsigned*)vscale, bad);
+    if (per_channel) {
+      const int64_t ne = vt * P->sk;
+      prep_v_channel_kernel<<<(unsigned)((ne + 255) / 256), 256, 0, stream>>>(
+          P->b, P->hkv, P->sk, P->d, P->kv_lens, P->v, (const unsigned*)vscale, vp, v_unscaled);
+      prep_v_scale_kernel<<<(unsigned)((vt + 255) / 256), 256, 0, stream>>>((int)vt, P->v, vscale);
+    }
+  } else if (per_channel && vt > 0) {  // no keys: scale 1
+    if (gpuMemsetAsync(vscale, 0, vt * sizeof(float), stream) != GPU_SUCCESS) return MXA_ERR_LAUNCH;
+    prep_v_scale_kernel<<<(unsigned)((vt + 255) / 256), 256, 0, stream>>>((int)vt, P->v, vscale);
+  }
   return mxa_status();
 }
 

@@ -67,12 +67,23 @@ static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence
 static __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-static __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 // Keeps the compiler from moving accumulator reads/writes across the async MMA region.
 template <int N>
 static __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N, int M>
+static __device__ __forceinline__ void fence_regs_u(uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int j = 0; j < M; j++) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
@@ -87,10 +98,6 @@ static __device__ __forceinline__ uint32_t sw128(int rows, int r, int c) {
   return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-static __device__ __forceinline__ void add_regs(float (&o)[68], const float (&x)[68]) {
-#pragma unroll
-  for (int i = 0; i < 68; i++) o[i] += x[i];
-}
 // Accumulator rows: element 4i + {0,1} is row g, 4i + {2,3} row g + 8.
 static __device__ __forceinline__ void scale_rows(float (&o)[68], const float (&alpha)[2]) {
 #pragma unroll
@@ -269,7 +276,9 @@ struct Tile {
   static constexpr int K_BYTES = BC * D * ES;
   static constexpr int VT_BYTES = BC * D * ES;          // one packed Vᵀ tile in global
   static constexpr int V_STAGE = VCB * VROWS * 128;      // with the ones/zero rows
-  static constexpr int BAR_OFF = Q_BYTES + STAGES * (K_BYTES + V_STAGE);
+  static constexpr int O_OFF = Q_BYTES + STAGES * (K_BYTES + V_STAGE);
+  static constexpr int O_BYTES = FP8 ? CONSUMERS * 68 * 128 * 4 : 0;  // FP8: O in f32 (see kernel)
+  static constexpr int BAR_OFF = O_OFF + O_BYTES;
   static constexpr int SMEM = BAR_OFF + 8 * (4 * STAGES + 1);
 };
 
@@ -426,9 +435,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   const float* kmul_h = kmul + ((int64_t)bb * P.hkv + kvh) * (sk_pad / BC);
   const uint32_t qw_s = q_s + wg * BR * D * T::ES;
 
-  float o[68];
-#pragma unroll
-  for (int i = 0; i < 68; i++) o[i] = 0.0f;
   float m[2] = {NEG_INF, NEG_INF};
   bool started[2] = {false, false};
   unsigned nroll = 0;
@@ -438,161 +444,200 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int r = 0; r < 2; r++) qm[r] = qmul[((int64_t)bb * P.hq + h) * sq_pad + row0 + 8 * r];
   }
   const float G = MODE == 1 || MODE == 2 ? P.fused_g : 1.0f;
-  // BF16 MMAs accumulate in f32, so P·V adds straight into O. FP8 MMAs sum with fewer
-  // bits (relative to the largest addend, the accumulator included), so P·V accumulates
-  // in a separate run of at most RUN tiles (16 k-steps) that is added to O in f32.
-  constexpr bool DIRECT = !FP8;
+  // O: for BF16 in registers (the MMA accumulates in f32). FP8 MMAs sum with fewer bits
+  // (relative to the largest addend, the accumulator included), so for FP8 the MMA
+  // accumulates runs of at most RUN tiles (16 k-steps) in `acc`, and O, in f32 in shared
+  // memory (this thread's 68 values at stride 128, conflict-free), takes each run.
   constexpr int RUN = 4;
-  float ot[68];  // the open run (FP8 only; dead code for BF16)
+  // Softmax of tile j while PV(j−1) runs needs two P register sets: room for FP8's 16
+  // registers each, not for BF16's 32 beside its accumulators.
+  constexpr bool OVERLAP = FP8;
+  float acc[68];
+#pragma unroll
+  for (int i = 0; i < 68; i++) acc[i] = 0.0f;
+  float* o_sm = (float*)(smem + T::O_OFF) + wg * 68 * 128 + (tid % 128);
+  if (FP8) {
+#pragma unroll
+    for (int i = 0; i < 68; i++) o_sm[i * 128] = 0.0f;
+  }
   mbar_wait(q_bar, 0);
 
-  // Ping-pong: slot i issues PV of tile i−1 and QK of tile i as one batch of MMAs, then
-  // runs tile i's softmax while the other warpgroup's batch keeps the tensor cores busy.
-  // Named barriers 1 and 2 hand the issue turn back and forth (warpgroup 0 first).
-  const int my_bar = 1 + wg, other_bar = 2 - wg;
-  if (wg == 1) named_bar_arrive(1, CONSUMERS * 128);
-  uint32_t a[T::PSTEPS][4];
-  float alpha[2] = {1.0f, 1.0f};
-  // One slot; HAS_PV / HAS_QK are compile-time so every wgmma sits on a uniform path.
-  auto run_slot = [&](int slot, auto has_pv, auto has_qk) {
-    constexpr bool HAS_PV = decltype(has_pv)::value, HAS_QK = decltype(has_qk)::value;
-    const int j = slot, jp = slot - 1;  // QK tile, PV tile
-    if (HAS_QK) mbar_wait(k_full + 8 * (j % T::STAGES), (j / T::STAGES) & 1);
-    if (HAS_PV) mbar_wait(v_full + 8 * (jp % T::STAGES), (jp / T::STAGES) & 1);
-    named_bar_sync(my_bar, CONSUMERS * 128);
-    float s[64];
-    const bool fresh = DIRECT || jp % RUN == 0;  // the PV MMA starts a new run in ot
-    if constexpr (HAS_PV && DIRECT) {
-      if (alpha[0] != 1.0f || alpha[1] != 1.0f) scale_rows(o, alpha);
+  // The scores of one tile into P (the PV MMA's A fragments) and the tile's α.
+  auto softmax = [&](int j, float (&s)[64], uint32_t (&a)[T::PSTEPS][4], float (&alpha)[2]) {
+    const int key0 = j * BC;
+    const float km = FP8 ? kmul_h[j] : 1.0f;
+    if (key0 + BC > nvis_min) {  // keys past a row's visible range score −inf
+#pragma unroll
+      for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = key0 + 8 * i + 2 * t + (e & 1);
+          if (key >= nvis[e >> 1]) s[4 * i + e] = NEG_INF;
+        }
     }
-    if constexpr (HAS_PV && !DIRECT) {
-      if (fresh && jp > 0) add_regs(o, ot);        // close the previous run
-      if (alpha[0] != 1.0f || alpha[1] != 1.0f) {  // O (and the open run) ·= α
-        scale_rows(o, alpha);
-        if (!fresh) scale_rows(ot, alpha);
-      }
-    }
-    wgmma_fence();
-    if constexpr (HAS_PV) {
-      if constexpr (DIRECT) pv_mma<FP8>(o, a, v_s + (jp % T::STAGES) * T::V_STAGE, true);
-      else pv_mma<FP8>(ot, a, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
-    }
-    if constexpr (HAS_QK) qk_mma<FP8>(s, qw_s, k_s + (j % T::STAGES) * T::K_BYTES);
-    wgmma_commit();
-    if (!(wg == 1 && slot == ntiles)) named_bar_arrive(other_bar, CONSUMERS * 128);
-    wgmma_wait0();
-    fence_regs(s);
-    if constexpr (DIRECT) fence_regs(o);
-    else fence_regs(ot);
-    if (HAS_QK) mbar_arrive(k_empty + 8 * (j % T::STAGES));  // this thread is done with K(j)
-    if constexpr (HAS_PV) mbar_arrive(v_empty + 8 * (jp % T::STAGES));
-    if constexpr (HAS_QK) {
-      const int key0 = j * BC;
-      const float km = FP8 ? kmul_h[j] : 1.0f;
-      if (key0 + BC > nvis_min) {  // keys past a row's visible range score −inf
+
+    alpha[0] = alpha[1] = 1.0f;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float smax = NEG_INF;
+#pragma unroll
+      for (int i = 0; i < BC / 8; i++) smax = fmaxf(smax, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+      smax = quad_max(smax);
+      const float unit = qm[r] * km;  // S_true = S_mma · unit (a power of two)
+      if (smax != NEG_INF && !(fabsf(smax * unit) < INFINITY)) atomicOr(bad, 4);
+      if (MODE == 1 || MODE == 2) {
+        const float mult = G * unit;
+        if (!started[r] && smax != NEG_INF) {
+          m[r] = smax * unit - 0.125f;
+          started[r] = true;
+        }
+        const float bias = started[r] ? P.fused_off - G * m[r] : NEG_INF;
+        const float amax = started[r] ? fmaf(smax, mult, bias) : NEG_INF;
+        float delta = 0.0f;
+        if (amax > P.fused_thr) {
+          delta = amax - P.fused_off;
+          m[r] += delta / G;
+          alpha[r] = exp2f(-delta / G);
+          nroll++;
+        }
+#pragma unroll
+        for (int i = 0; i < BC / 8; i++) {
+          float x0 = fmaf(s[4 * i + 2 * r], mult, bias);
+          float x1 = fmaf(s[4 * i + 2 * r + 1], mult, bias);
+          if (delta != 0.0f) {
+            x0 -= delta;
+            x1 -= delta;
+          }
+          if (MODE == 1) {
+            s[4 * i + 2 * r] = fmaxf(x0 + MAGIC, MAGIC);
+            s[4 * i + 2 * r + 1] = fmaxf(x1 + MAGIC, MAGIC);
+          } else {
+            s[4 * i + 2 * r] = __uint_as_float(x0 > 0.0f ? (unsigned)x0 : 0u);
+            s[4 * i + 2 * r + 1] = __uint_as_float(x1 > 0.0f ? (unsigned)x1 : 0u);
+          }
+        }
+      } else {
+        // exact online softmax in log2 units (MODE 0), or exp then E4M3 P (MODE 3)
+        const float mult = P.score_scale * P.log2e * unit;
+        const float mn = fmaxf(m[r], smax * mult);
+        if (mn != NEG_INF) alpha[r] = ex2(m[r] - mn);
+        m[r] = mn;
 #pragma unroll
         for (int i = 0; i < BC / 8; i++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int key = key0 + 8 * i + 2 * t + (e & 1);
-            if (key >= nvis[e >> 1]) s[4 * i + e] = NEG_INF;
+          for (int e = 0; e < 2; e++) {
+            const float x = mn == NEG_INF ? 0.0f : ex2(fmaf(s[4 * i + 2 * r + e], mult, -mn));
+            s[4 * i + 2 * r + e] = MODE == 3 ? x * 256.0f : x;
           }
       }
-
-      alpha[0] = alpha[1] = 1.0f;
+    }
+    // P as the A operand of the PV MMA
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        float smax = NEG_INF;
-#pragma unroll
-        for (int i = 0; i < BC / 8; i++) smax = fmaxf(smax, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-        smax = quad_max(smax);
-        const float unit = qm[r] * km;  // S_true = S_mma · unit (a power of two)
-        if (smax != NEG_INF && !(fabsf(smax * unit) < INFINITY)) atomicOr(bad, 4);
-        if (MODE == 1 || MODE == 2) {
-          const float mult = G * unit;
-          if (!started[r] && smax != NEG_INF) {
-            m[r] = smax * unit - 0.125f;
-            started[r] = true;
-          }
-          const float bias = started[r] ? P.fused_off - G * m[r] : NEG_INF;
-          const float amax = started[r] ? fmaf(smax, mult, bias) : NEG_INF;
-          float delta = 0.0f;
-          if (amax > P.fused_thr) {
-            delta = amax - P.fused_off;
-            m[r] += delta / G;
-            alpha[r] = exp2f(-delta / G);
-            nroll++;
-          }
-#pragma unroll
-          for (int i = 0; i < BC / 8; i++) {
-            float x0 = fmaf(s[4 * i + 2 * r], mult, bias);
-            float x1 = fmaf(s[4 * i + 2 * r + 1], mult, bias);
-            if (delta != 0.0f) {
-              x0 -= delta;
-              x1 -= delta;
-            }
-            if (MODE == 1) {
-              s[4 * i + 2 * r] = fmaxf(x0 + MAGIC, MAGIC);
-              s[4 * i + 2 * r + 1] = fmaxf(x1 + MAGIC, MAGIC);
-            } else {
-              s[4 * i + 2 * r] = __uint_as_float(x0 > 0.0f ? (unsigned)x0 : 0u);
-              s[4 * i + 2 * r + 1] = __uint_as_float(x1 > 0.0f ? (unsigned)x1 : 0u);
-            }
-          }
+    for (int kk = 0; kk < T::PSTEPS; kk++) {
+      if constexpr (FP8) {
+        const int c0 = 16 * kk;  // s index of key chunk 4kk
+        if (MODE == 1) {
+          a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
+          a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
+          a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
+          a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
         } else {
-          // exact online softmax in log2 units (MODE 0), or exp then E4M3 P (MODE 3)
-          const float mult = P.score_scale * P.log2e * unit;
-          const float mn = fmaxf(m[r], smax * mult);
-          if (mn != NEG_INF) alpha[r] = ex2(m[r] - mn);
-          m[r] = mn;
-#pragma unroll
-          for (int i = 0; i < BC / 8; i++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-              const float x = mn == NEG_INF ? 0.0f : ex2(fmaf(s[4 * i + 2 * r + e], mult, -mn));
-              s[4 * i + 2 * r + e] = MODE == 3 ? x * 256.0f : x;
-            }
+          a[kk][0] = e4m3x2(s[c0 + 0], s[c0 + 1]) | (e4m3x2(s[c0 + 4], s[c0 + 5]) << 16);
+          a[kk][1] = e4m3x2(s[c0 + 2], s[c0 + 3]) | (e4m3x2(s[c0 + 6], s[c0 + 7]) << 16);
+          a[kk][2] = e4m3x2(s[c0 + 8], s[c0 + 9]) | (e4m3x2(s[c0 + 12], s[c0 + 13]) << 16);
+          a[kk][3] = e4m3x2(s[c0 + 10], s[c0 + 11]) | (e4m3x2(s[c0 + 14], s[c0 + 15]) << 16);
         }
-      }
-      // P as the A operand of the PV MMA
-#pragma unroll
-      for (int kk = 0; kk < T::PSTEPS; kk++) {
-        if constexpr (FP8) {
-          const int c0 = 16 * kk;  // s index of key chunk 4kk
-          if (MODE == 1) {
-            a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
-            a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
-            a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
-            a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
-          } else {
-            a[kk][0] = e4m3x2(s[c0 + 0], s[c0 + 1]) | (e4m3x2(s[c0 + 4], s[c0 + 5]) << 16);
-            a[kk][1] = e4m3x2(s[c0 + 2], s[c0 + 3]) | (e4m3x2(s[c0 + 6], s[c0 + 7]) << 16);
-            a[kk][2] = e4m3x2(s[c0 + 8], s[c0 + 9]) | (e4m3x2(s[c0 + 12], s[c0 + 13]) << 16);
-            a[kk][3] = e4m3x2(s[c0 + 10], s[c0 + 11]) | (e4m3x2(s[c0 + 14], s[c0 + 15]) << 16);
-          }
-        } else {
-          const int c0 = 8 * kk;
-          a[kk][0] = pack_bf16(s[c0 + 0], s[c0 + 1]);
-          a[kk][1] = pack_bf16(s[c0 + 2], s[c0 + 3]);
-          a[kk][2] = pack_bf16(s[c0 + 4], s[c0 + 5]);
-          a[kk][3] = pack_bf16(s[c0 + 6], s[c0 + 7]);
-        }
+      } else {
+        const int c0 = 8 * kk;
+        a[kk][0] = pack_bf16(s[c0 + 0], s[c0 + 1]);
+        a[kk][1] = pack_bf16(s[c0 + 2], s[c0 + 3]);
+        a[kk][2] = pack_bf16(s[c0 + 4], s[c0 + 5]);
+        a[kk][3] = pack_bf16(s[c0 + 6], s[c0 + 7]);
       }
     }
   };
+  // O (and the open run) ·= α, per row.
+  auto scale_o = [&](const float (&alpha)[2]) {
+    if (alpha[0] == 1.0f && alpha[1] == 1.0f) return;
+    scale_rows(acc, alpha);
+    if (FP8) {
+#pragma unroll
+      for (int i = 0; i < 68; i++) o_sm[i * 128] *= alpha[(i >> 1) & 1];
+    }
+  };
+
+  // Slot j issues QK of tile j and PV of tile j−1 (in that order, as two commit groups),
+  // runs tile j's softmax as soon as its scores land, while PV(j−1) is still on the
+  // tensor cores (FP8; BF16 waits for both first), then waits for PV. The two consumer warpgroups also take turns to issue
+  // (named barriers 1 and 2, warpgroup 0 first), so one's softmax overlaps the other's
+  // MMAs. P of consecutive tiles alternates between two register sets.
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
+  if (wg == 1) named_bar_arrive(1, CONSUMERS * 128);
+  auto run_slot = [&](int j, uint32_t(&a_in)[T::PSTEPS][4], uint32_t(&a_out)[T::PSTEPS][4],
+                      float(&al_out)[2], auto has_pv, auto has_qk) {
+    constexpr bool HAS_PV = decltype(has_pv)::value, HAS_QK = decltype(has_qk)::value;
+    const int jp = j - 1;
+    if (HAS_QK) mbar_wait(k_full + 8 * (j % T::STAGES), (j / T::STAGES) & 1);
+    if (HAS_PV) mbar_wait(v_full + 8 * (jp % T::STAGES), (jp / T::STAGES) & 1);
+    named_bar_sync(my_bar, CONSUMERS * 128);
+    const bool fresh = FP8 && jp % RUN == 0;  // PV starts a new run
+    if (HAS_PV && fresh && jp > 0) {
+#pragma unroll
+      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
+    }
+    float s[64];
+    wgmma_fence();
+    if constexpr (HAS_QK) {
+      qk_mma<FP8>(s, qw_s, k_s + (j % T::STAGES) * T::K_BYTES);
+      wgmma_commit();
+    }
+    if constexpr (HAS_PV) {
+      pv_mma<FP8>(acc, a_in, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
+      wgmma_commit();
+    }
+    if (!(wg == 1 && !HAS_QK)) named_bar_arrive(other_bar, CONSUMERS * 128);
+    auto pv_done = [&]() {
+      wgmma_wait<0>();
+      fence_regs(acc);
+      fence_regs_u(a_in);
+      mbar_arrive(v_empty + 8 * (jp % T::STAGES));  // this thread is done with V(jp)
+    };
+    if constexpr (HAS_QK) {
+      if constexpr (HAS_PV && OVERLAP) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+        if constexpr (HAS_PV) pv_done();
+      }
+      fence_regs(s);
+      mbar_arrive(k_empty + 8 * (j % T::STAGES));  // this thread is done with K(j)
+      softmax(j, s, a_out, al_out);
+    }
+    if constexpr (HAS_PV && (OVERLAP || !HAS_QK)) pv_done();
+    if constexpr (HAS_QK) scale_o(al_out);  // tile j's α, before PV(j) adds in
+  };
   using yes = std::true_type;
   using no = std::false_type;
-  if (ntiles > 0) {
-    run_slot(0, no{}, yes{});
-    for (int slot = 1; slot < ntiles; slot++) run_slot(slot, yes{}, yes{});
-    run_slot(ntiles, yes{}, no{});
+  uint32_t a0[T::PSTEPS][4], a1[T::PSTEPS][4];
+  float al0[2], al1[2];
+  if (ntiles > 0 && OVERLAP) {
+    run_slot(0, a1, a0, al0, no{}, yes{});
+    for (int j = 1; j < ntiles; j += 2) {
+      run_slot(j, a0, a1, al1, yes{}, yes{});
+      if (j + 1 < ntiles) run_slot(j + 1, a1, a0, al0, yes{}, yes{});
+    }
+    if ((ntiles - 1) % 2 == 0) run_slot(ntiles, a0, a1, al1, yes{}, no{});
+    else run_slot(ntiles, a1, a0, al0, yes{}, no{});
+  } else if (ntiles > 0) {  // one P register set: PV(j−1) is done before softmax(j)
+    run_slot(0, a0, a0, al0, no{}, yes{});
+    for (int j = 1; j < ntiles; j++) run_slot(j, a0, a0, al0, yes{}, yes{});
+    run_slot(ntiles, a0, a0, al0, yes{}, no{});
   } else {
-    run_slot(0, no{}, no{});  // keeps the turn handshake of both warpgroups balanced
+    run_slot(0, a0, a1, al0, no{}, no{});  // keeps the turn handshake balanced
   }
-
-  if constexpr (!DIRECT) {
-    if (ntiles > 0) add_regs(o, ot);
-  }
+  float o[68];
+#pragma unroll
+  for (int i = 0; i < 68; i++) o[i] = FP8 ? o_sm[i * 128] + acc[i] : acc[i];
 
   // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
   const int64_t stride = P.with_lse ? D + 1 : D;

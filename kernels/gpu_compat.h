@@ -11,6 +11,7 @@ typedef hipStream_t gpuStream_t;
 typedef hipError_t gpuError_t;
 #define GPU_SUCCESS hipSuccess
 #define gpuGetLastError hipGetLastError
+#define gpuMemsetAsync hipMemsetAsync
 #define gpuFuncSetMaxDynamicSmem(f, bytes) \
   hipFuncSetAttribute((const void*)(f), hipFuncAttributeMaxDynamicSharedMemorySize, (bytes))
 // Our "warps" are 32 lanes; on CDNA a wavefront is 64, so shuffles stay within 32.
@@ -30,6 +31,7 @@ typedef cudaStream_t gpuStream_t;
 typedef cudaError_t gpuError_t;
 #define GPU_SUCCESS cudaSuccess
 #define gpuGetLastError cudaGetLastError
+#define gpuMemsetAsync cudaMemsetAsync
 #define gpuFuncSetMaxDynamicSmem(f, bytes) \
   cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
 #define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))

@@ -271,7 +271,8 @@ pub(crate) fn cuda_fwd(
     let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
     let want_unscaled = (fast || wgmma_kind == 2) && per_channel;
     let mut vu = dev.alloc_zeros::<f32>(if want_unscaled { nk.max(1) } else { 1 })?;
-    let mut vs = dev.alloc_zeros::<f32>(if want_unscaled {
+    // per-channel V: the prep gathers each channel's amax here, then its scale
+    let mut vs = dev.alloc_zeros::<f32>(if per_channel {
         (p.b * p.hkv * p.d).max(1)
     } else {
         1
@@ -286,10 +287,15 @@ pub(crate) fn cuda_fwd(
         let (vu_p, _e) = vu.device_ptr_mut(&stream);
         let (vs_p, _f) = vs.device_ptr_mut(&stream);
         let (bad_p, _d) = bad.device_ptr_mut(&stream);
-        let (vu_p, vs_p) = if want_unscaled {
-            (vu_p as *mut f32, vs_p as *mut f32)
+        let vu_p = if want_unscaled {
+            vu_p as *mut f32
         } else {
-            (std::ptr::null_mut(), std::ptr::null_mut())
+            std::ptr::null_mut()
+        };
+        let vs_p = if per_channel {
+            vs_p as *mut f32
+        } else {
+            std::ptr::null_mut()
         };
         // SAFETY: every pointer is a live device allocation of the sizes the kernels read
         // and write (prm's geometry), on this stream.
