@@ -502,3 +502,29 @@ fn loads_sharded_weights_from_a_pipeline_dir() {
     let (z, video) = expected("wan22");
     assert!(max_abs_diff(&vae.decode(&z, &exact()).unwrap(), &video) < 1e-4);
 }
+
+/// Memory of the released architectures (random weights) on a 4×4 latent, 3 latent frames;
+/// activations and cache scale with the latent area. Slow-ish (builds ~100 M parameters):
+/// `cargo test --release --test wan_vae -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn real_architecture_memory_report() {
+    for (name, cfg) in [("wan21", VaeConfig::wan21()), ("wan22", VaeConfig::wan22())] {
+        let t0 = std::time::Instant::now();
+        let vae = WanVae::random(&cfg, DType::F32, &DEV, 1).unwrap();
+        let built = t0.elapsed();
+        let z = Tensor::randn(0f32, 1.0, (1, cfg.z_dim, 3, 4, 4), &DEV).unwrap();
+        let t1 = std::time::Instant::now();
+        let stats = vae.decode_chunks(&z, &exact(), |_| Ok(())).unwrap();
+        let area_720p = (720 / cfg.spatial_factor()) * (1280 / cfg.spatial_factor());
+        let k = area_720p as f64 / 16.0;
+        println!(
+            "{name}: built in {built:.1?}, decoded 3 latent frames of 4x4 in {:.1?}: {stats:?}; \
+             at 1280x720 (latent area x{k:.0}): peak activation {:.0} MiB, cache {:.0} MiB",
+            t1.elapsed(),
+            stats.peak_activation_bytes as f64 * k / (1 << 20) as f64,
+            stats.cache_bytes as f64 * k / (1 << 20) as f64,
+        );
+        assert_eq!(stats.frames, 9);
+    }
+}
