@@ -528,3 +528,24 @@ fn real_architecture_memory_report() {
         assert_eq!(stats.frames, 9);
     }
 }
+
+/// Decoded chunks go straight into the video writers, frame by frame.
+#[test]
+fn decoded_chunks_stream_into_an_mp4_and_a_gif() {
+    use mxattn::models::wan::video::{GifWriter, Mp4Writer};
+    let vae = WanVae::load(fixtures().join("wan22"), DType::F32, &DEV).unwrap();
+    let (z, video) = expected("wan22");
+    let (h, w) = (video.dim(3).unwrap(), video.dim(4).unwrap());
+    let dir = std::env::temp_dir().join(format!("mxattn-wan-vae-video-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut mp4 = Mp4Writer::create(dir.join("vae.mp4"), w, h, 16.0).unwrap();
+    let mut gif = GifWriter::create(dir.join("vae.gif"), w, h, 16.0).unwrap();
+    vae.decode_chunks(&z, &exact(), |frames| {
+        mp4.push_tensor(&frames)?;
+        gif.push_tensor(&frames)
+    })
+    .unwrap();
+    let summary = mp4.finish().unwrap();
+    assert_eq!((summary.frames, summary.width, summary.height), (9, w, h));
+    assert_eq!(gif.finish().unwrap(), 9);
+}

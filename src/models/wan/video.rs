@@ -165,6 +165,10 @@ pub struct Mp4Writer {
 /// 23.976 are exact to 0.001 fps.
 const TICKS: u32 = 1000;
 
+fn timescale(fps: f64) -> u32 {
+    (fps * TICKS as f64).round() as u32
+}
+
 impl Mp4Writer {
     /// Creates `path` for `width × height` frames at `fps` (constant quality, QP 16–30).
     pub fn create(path: impl AsRef<Path>, width: usize, height: usize, fps: f64) -> Result<Self> {
@@ -209,7 +213,10 @@ impl Mp4Writer {
                 .iter()
                 .map(|b| b.parse().expect("a four-character code"))
                 .collect(),
-            timescale: 1000,
+            // the movie's timescale is the track's: the mp4 crate converts each sample's
+            // duration to the movie timescale with truncation, which would shorten the
+            // movie (62.5 → 62 ms per frame at 16 fps)
+            timescale: timescale(fps),
         };
         let mux = mp4::Mp4Writer::write_start(BufWriter::new(file), &mp4_config)
             .map_err(|e| err(&path, format!("MP4: {e}")))?;
@@ -274,7 +281,7 @@ impl Mp4Writer {
             };
             let track = mp4::TrackConfig {
                 track_type: mp4::TrackType::Video,
-                timescale: (self.fps * self.ticks as f64).round() as u32,
+                timescale: timescale(self.fps),
                 language: "und".to_string(),
                 media_conf: mp4::MediaConfig::AvcConfig(mp4::AvcConfig {
                     width: w as u16,
