@@ -33,7 +33,7 @@ fn msg(s: String) -> candle_core::Error {
 }
 
 /// tensor name → shard file name, from an index file.
-fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
+pub(crate) fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| msg(format!("{}: {e}", path.display())))?;
     let v: serde_json::Value = serde_json::from_str(&text)
@@ -163,7 +163,7 @@ impl CheckpointFiles {
 
 /// Why a safetensors file did not open, naming the first tensor whose bytes lie past the
 /// end of a truncated file when the header is intact.
-fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
+pub(crate) fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
     let generic = format!("cannot read as safetensors: {err}");
     let Ok(bytes) = std::fs::read(path) else {
         return generic;

@@ -13,6 +13,7 @@ pub mod scheduler;
 pub mod transformer;
 pub mod umt5;
 pub mod vae;
+pub mod video;
 
 /// Which attention of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
