@@ -15,8 +15,9 @@ for l in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'gpu':
         print(m['executable'])")
 cp "$bin" .gpu/gpu
-cargo build --release --features cuda --example bench_gpu
+cargo build --release --features cuda --example bench_gpu --example qwen3
 cp "$CARGO_TARGET_DIR/release/examples/bench_gpu" .gpu/bench_gpu
-strip .gpu/gpu .gpu/bench_gpu
-xz -T2 -6 -f .gpu/gpu .gpu/bench_gpu
+cp "$CARGO_TARGET_DIR/release/examples/qwen3" .gpu/qwen3
+strip .gpu/gpu .gpu/bench_gpu .gpu/qwen3
+xz -T2 -6 -f .gpu/gpu .gpu/bench_gpu .gpu/qwen3
 ls -la .gpu
