@@ -10,10 +10,10 @@ export LD_LIBRARY_PATH="${NV}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 {
 echo "| context | attention | prefill tok/s | decode tok/s | KV cache |"
 echo "|---|---|---|---|---|"
-for ctx in 1024 4096 32768; do
+for ctx in ${QWEN3_CONTEXTS:-1024 4096 32768}; do
   for attn in "--attn exact" "--attn kv-mxfp4" "--attn-schedule hybrid"; do
     log="$OUT/qwen3_${ctx}_$(echo "$attn" | tr -c 'a-z0-9' '_').txt"
-    timeout 150 ./.gpu/qwen3 --random-weights --model Qwen/Qwen3-8B --device cuda --dtype bf16 \
+    timeout "${QWEN3_TIMEOUT:-150}" ./.gpu/qwen3 --random-weights --model Qwen/Qwen3-8B --device cuda --dtype bf16 \
       --prompt-len "$ctx" --max-tokens 32 --ignore-eos --greedy --quiet $attn > "$log" 2>&1
     pre=$(grep -o "prefill: .*" "$log" | sed 's/.*= //')
     dec=$(grep -o "decode: .*" "$log" | sed 's/.*= //; s/ (.*//')
