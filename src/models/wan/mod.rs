@@ -9,7 +9,9 @@
 
 use crate::attention::AttentionConfig;
 
+pub mod fidelity;
 pub mod scheduler;
+pub mod sizes;
 pub mod transformer;
 pub mod umt5;
 pub mod vae;
