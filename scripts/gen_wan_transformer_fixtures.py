@@ -16,7 +16,8 @@ Writes, under tests/fixtures/wan/transformer/ (run from the repository root):
              [2, 18]), `<name>.text` [2, 8, 16] (zero-padded tails, as the pipeline pads UMT5
              output), `<name>.block0` the hidden states after block 0 [2, 18, 64] and
              `<name>.out` = model(latents, timestep, text) [2, C, 3, 4, 6], all float32
-  expected.json          versions and shapes
+  expected.json          versions and shapes, and the tensor and parameter counts of the
+             released T2V-A14B expert and TI2V-5B (diffusers instantiated on the meta device)
 
 Every parameter is random (norm weights and biases, q/k norms and scale_shift_tables
 included) so that a port ignoring one fails. Weights are stored as float16 and the reference
@@ -223,6 +224,25 @@ def main() -> None:
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(original_cfg, fh, indent=2)
         fh.write("\n")
+
+    # the released architectures, instantiated without weights: tensor and parameter counts
+    real = {
+        "t2v_a14b": dict(in_channels=16, out_channels=16, num_attention_heads=40, ffn_dim=13824,
+                         num_layers=40),
+        "ti2v_5b": dict(in_channels=48, out_channels=48, num_attention_heads=24, ffn_dim=14336,
+                        num_layers=30),
+    }
+    meta["released"] = {}
+    for name, kw in real.items():
+        with torch.device("meta"):
+            m = WanTransformer3DModel(patch_size=(1, 2, 2), attention_head_dim=128, text_dim=4096,
+                                      freq_dim=256, cross_attn_norm=True, eps=1e-6, **kw)
+        sd = m.state_dict()
+        meta["released"][name] = {
+            "tensors": len(sd),
+            "parameters": sum(v.numel() for v in sd.values()),
+        }
+        print(name, meta["released"][name])
 
     save_file(expected, os.path.join(OUT, "expected.safetensors"))
     with open(os.path.join(OUT, "expected.json"), "w") as fh:

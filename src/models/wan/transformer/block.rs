@@ -22,7 +22,7 @@ pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
 /// LayerNorm over the last dim in f32, without affine parameters when `affine` is `None`
 /// (then the `ones`/`zeros` of [`LnParams`] stand in for them).
 #[derive(Clone, Debug)]
-pub(crate) struct LnParams {
+pub struct LnParams {
     pub weight: Tensor,
     pub bias: Tensor,
     pub eps: f32,
@@ -170,7 +170,7 @@ impl Module for FeedForward {
 }
 
 /// Where a block's attention calls are in the denoising loop.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct BlockCall<'a> {
     pub policy: &'a dyn AttnPolicy,
     pub expert: usize,

@@ -136,8 +136,8 @@ impl TransformerConfig {
             serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
         let class = v.get("_class_name").and_then(|c| c.as_str()).unwrap_or("");
         let cfg = if class == "WanModel" || (v.get("dim").is_some() && class.is_empty()) {
-            let o: OriginalConfig = serde_json::from_value(v)
-                .map_err(|e| format!("not a WanModel config: {e}"))?;
+            let o: OriginalConfig =
+                serde_json::from_value(v).map_err(|e| format!("not a WanModel config: {e}"))?;
             if o.num_heads == 0 || o.dim % o.num_heads != 0 {
                 return Err(format!(
                     "dim {} is not a multiple of num_heads {}",
@@ -228,10 +228,7 @@ impl TransformerConfig {
             return Err("pos_embed_seq_len (the FLF2V image branch) is not supported".into());
         }
         if self.patch_size.contains(&0) {
-            return Err(format!(
-                "patch_size {:?} has a zero entry",
-                self.patch_size
-            ));
+            return Err(format!("patch_size {:?} has a zero entry", self.patch_size));
         }
         for (name, v) in [
             ("num_attention_heads", self.num_attention_heads),

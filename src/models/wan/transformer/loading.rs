@@ -144,10 +144,20 @@ pub fn expected_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>)> {
     ));
     v.push(("patch_embedding.bias".into(), vec![dim]));
     let c = "condition_embedder";
-    lin(&mut v, &format!("{c}.time_embedder.linear_1"), cfg.freq_dim, dim);
+    lin(
+        &mut v,
+        &format!("{c}.time_embedder.linear_1"),
+        cfg.freq_dim,
+        dim,
+    );
     lin(&mut v, &format!("{c}.time_embedder.linear_2"), dim, dim);
     lin(&mut v, &format!("{c}.time_proj"), dim, 6 * dim);
-    lin(&mut v, &format!("{c}.text_embedder.linear_1"), cfg.text_dim, dim);
+    lin(
+        &mut v,
+        &format!("{c}.text_embedder.linear_1"),
+        cfg.text_dim,
+        dim,
+    );
     lin(&mut v, &format!("{c}.text_embedder.linear_2"), dim, dim);
     for l in 0..cfg.num_layers {
         let b = format!("blocks.{l}");
@@ -180,10 +190,22 @@ pub fn expected_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>)> {
 /// `convert_wan_to_diffusers.py` renaming, norm2/norm3 swap included).
 pub fn original_name(name: &str) -> String {
     const TOP: [(&str, &str); 7] = [
-        ("condition_embedder.time_embedder.linear_1.", "time_embedding.0."),
-        ("condition_embedder.time_embedder.linear_2.", "time_embedding.2."),
-        ("condition_embedder.text_embedder.linear_1.", "text_embedding.0."),
-        ("condition_embedder.text_embedder.linear_2.", "text_embedding.2."),
+        (
+            "condition_embedder.time_embedder.linear_1.",
+            "time_embedding.0.",
+        ),
+        (
+            "condition_embedder.time_embedder.linear_2.",
+            "time_embedding.2.",
+        ),
+        (
+            "condition_embedder.text_embedder.linear_1.",
+            "text_embedding.0.",
+        ),
+        (
+            "condition_embedder.text_embedder.linear_2.",
+            "text_embedding.2.",
+        ),
         ("condition_embedder.time_proj.", "time_projection.1."),
         ("proj_out.", "head.head."),
         ("scale_shift_table", "head.modulation"),

@@ -119,11 +119,8 @@ impl WanTransformer {
                 vb.pp(format!("blocks.{l}")),
             )?);
         }
-        let time_freqs = Tensor::from_vec(
-            timestep_freqs(cfg.freq_dim),
-            (1, cfg.freq_dim / 2),
-            &device,
-        )?;
+        let time_freqs =
+            Tensor::from_vec(timestep_freqs(cfg.freq_dim), (1, cfg.freq_dim / 2), &device)?;
         Ok(Self {
             patch_weight: vb
                 .get((dim, cfg.in_channels, pt, ph, pw), "patch_embedding.weight")?
@@ -141,9 +138,7 @@ impl WanTransformer {
                 cfg.out_channels() * cfg.patch_volume(),
                 vb.pp("proj_out"),
             )?,
-            scale_shift_table: vb32
-                .get((1, 2, dim), "scale_shift_table")?
-                .unsqueeze(0)?,
+            scale_shift_table: vb32.get((1, 2, dim), "scale_shift_table")?.unsqueeze(0)?,
             time_freqs,
             rope: WanRope::new(cfg),
             cfg: cfg.clone(),
@@ -182,7 +177,12 @@ impl WanTransformer {
     /// The architecture of `cfg` with random weights, for speed runs: matrices
     /// `N(0, 1/fan_in)`, `scale_shift_table`s `N(0, 1/dim)` (diffusers' init), norm weights 1,
     /// biases 0. On the CPU from [`crate::synth::Rng`], elsewhere from the device's generator.
-    pub fn random(cfg: &TransformerConfig, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
+    pub fn random(
+        cfg: &TransformerConfig,
+        dtype: DType,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Self> {
         cfg.validate().map_err(candle_core::Error::Msg)?;
         let mut rng = crate::synth::Rng::new(seed);
         if !device.is_cpu() {
@@ -265,7 +265,11 @@ impl WanTransformer {
                 "Wan transformer: latent grid {f}×{h}×{w} is not a multiple of the patch {pt}×{ph}×{pw}"
             );
         }
-        for (n, t) in [("latents", latents), ("timestep", timestep), ("text embeddings", text)] {
+        for (n, t) in [
+            ("latents", latents),
+            ("timestep", timestep),
+            ("text embeddings", text),
+        ] {
             if !t.device().same_device(&self.device) {
                 bail!(
                     "Wan transformer: {n} are on {:?}, the model on {:?}",
@@ -276,7 +280,10 @@ impl WanTransformer {
         }
         for (n, t) in [("latents", latents), ("text embeddings", text)] {
             if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
-                bail!("Wan transformer: {n} are {:?}; expected f32, f16 or bf16", t.dtype());
+                bail!(
+                    "Wan transformer: {n} are {:?}; expected f32, f16 or bf16",
+                    t.dtype()
+                );
             }
         }
         let n = (f / pt) * (h / ph) * (w / pw);
@@ -365,12 +372,9 @@ impl WanTransformer {
         let x = self.patchify(&latents.to_dtype(self.dtype)?, grid)?;
         let rope = self.rope.tables(grid.0, grid.1, grid.2, &self.device)?;
         let (temb, e0) = self.time_embedding(timestep)?;
-        let ctx = self.text_2.forward(
-            &self
-                .text_1
-                .forward(&text.to_dtype(self.dtype)?)?
-                .gelu()?,
-        )?;
+        let ctx = self
+            .text_2
+            .forward(&self.text_1.forward(&text.to_dtype(self.dtype)?)?.gelu()?)?;
         let mut x = x;
         for (layer, block) in self.blocks.iter().enumerate() {
             let call = BlockCall {
@@ -384,7 +388,10 @@ impl WanTransformer {
         let m = self
             .scale_shift_table
             .broadcast_add(&temb.to_dtype(DType::F32)?.unsqueeze(2)?)?;
-        let (shift, scale) = (m.narrow(2, 0, 1)?.squeeze(2)?, m.narrow(2, 1, 1)?.squeeze(2)?);
+        let (shift, scale) = (
+            m.narrow(2, 0, 1)?.squeeze(2)?,
+            m.narrow(2, 1, 1)?.squeeze(2)?,
+        );
         let x = self.norm_out.modulate(&x, &shift, &scale, self.dtype)?;
         self.unpatchify(&self.proj_out.forward(&x)?, grid)
     }

@@ -53,11 +53,7 @@ impl WanRope {
             );
         }
         let (dt, dh, dw) = self.split;
-        let (at, ah, aw) = (
-            self.angles(dt, f),
-            self.angles(dh, h),
-            self.angles(dw, w),
-        );
+        let (at, ah, aw) = (self.angles(dt, f), self.angles(dh, h), self.angles(dw, w));
         let half = (dt + dh + dw) / 2;
         let n = f * h * w;
         let mut cos = Vec::with_capacity(n * half);
