@@ -138,7 +138,7 @@ impl TransformerConfig {
         let cfg = if class == "WanModel" || (v.get("dim").is_some() && class.is_empty()) {
             let o: OriginalConfig =
                 serde_json::from_value(v).map_err(|e| format!("not a WanModel config: {e}"))?;
-            if o.num_heads == 0 || o.dim % o.num_heads != 0 {
+            if o.num_heads == 0 || !o.dim.is_multiple_of(o.num_heads) {
                 return Err(format!(
                     "dim {} is not a multiple of num_heads {}",
                     o.dim, o.num_heads
@@ -243,7 +243,7 @@ impl TransformerConfig {
             }
         }
         let d = self.attention_head_dim;
-        if d < 6 || d % 2 != 0 {
+        if d < 6 || !d.is_multiple_of(2) {
             return Err(format!(
                 "attention_head_dim {d}: the 3-D RoPE needs an even head dim of at least 6"
             ));
@@ -254,7 +254,7 @@ impl TransformerConfig {
                 crate::attention::MAX_HEAD_DIM
             ));
         }
-        if self.freq_dim < 2 || self.freq_dim % 2 != 0 {
+        if self.freq_dim < 2 || !self.freq_dim.is_multiple_of(2) {
             return Err(format!(
                 "freq_dim {} must be even and at least 2",
                 self.freq_dim
