@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
-use mxattn::attention::AttentionConfig;
+use mxattn::attention::{Algorithm, AttentionConfig};
 use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
 use mxattn::models::qwen3::schedule::layer_preset;
 use mxattn::models::wan::transformer::{TransformerConfig, WanTransformer};
@@ -27,6 +27,9 @@ struct Args {
     /// Compare with the diffusers outputs in tests/fixtures/wan/transformer (f32, exact).
     #[arg(long)]
     check_fixtures: bool,
+    /// The fixture directory (default: the one in this source tree).
+    #[arg(long)]
+    fixtures: Option<PathBuf>,
     /// Random-weight timing: t2v-a14b or ti2v-5b.
     #[arg(long)]
     model: Option<String>,
@@ -54,8 +57,10 @@ fn sync(d: &Device) -> Result<()> {
     Ok(())
 }
 
-fn check_fixtures(dev: &Device) -> Result<()> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan/transformer");
+fn check_fixtures(dev: &Device, dir: Option<PathBuf>) -> Result<()> {
+    let dir = dir.unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan/transformer")
+    });
     let all = candle_core::safetensors::load(dir.join("expected.safetensors"), dev)?;
     for name in ["a14b", "ti2v5b", "a14b_original"] {
         let key = name.trim_end_matches("_original");
@@ -86,7 +91,7 @@ fn main() -> Result<()> {
     let a = Args::parse();
     let dev = parse_device(&a.device)?;
     if a.check_fixtures {
-        check_fixtures(&dev)?;
+        check_fixtures(&dev, a.fixtures.clone())?;
     }
     let Some(model) = &a.model else {
         return Ok(());
@@ -130,10 +135,15 @@ fn main() -> Result<()> {
     let mut reference: Option<Tensor> = None;
     for name in a.attn.split(',') {
         let spec = layer_preset(name)?;
+        let mut cfg_attn = spec.attn;
+        // qwen3 moves the Hadamard rotation into the model for its KV cache; without a
+        // cache the op rotates (the same scores)
         if spec.rotate_qk {
-            bail!("preset {name} rotates q/k in the model; not supported here");
+            match &mut cfg_attn.algorithm {
+                Algorithm::FusedSoftmax(f) => f.hadamard = true,
+                _ => bail!("preset {name} rotates q/k in the model; not supported here"),
+            }
         }
-        let cfg_attn = spec.attn;
         let mut times = Vec::new();
         let mut out = None;
         for _ in 0..a.reps.max(1) {
