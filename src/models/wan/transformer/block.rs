@@ -19,8 +19,8 @@ pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
     ))
 }
 
-/// LayerNorm over the last dim in f32, without affine parameters when `affine` is `None`
-/// (then the `ones`/`zeros` of [`LnParams`] stand in for them).
+/// A LayerNorm over the last dim, run in f32 (diffusers' `FP32LayerNorm`); the norms without
+/// affine parameters hold weight 1 and bias 0 so that all use candle's fused kernel.
 #[derive(Clone, Debug)]
 pub struct LnParams {
     pub weight: Tensor,
