@@ -341,8 +341,20 @@ fn bad_configs_are_errors() {
         err.contains("feed_forward_proj") && err.contains("config.json"),
         "{err}"
     );
-    let mut c = Umt5Config::default();
-    c.relative_attention_num_buckets = 2;
+    let c = Umt5Config {
+        relative_attention_num_buckets: 2,
+        ..Umt5Config::default()
+    };
+    assert!(c.validate().is_err());
+    let c = Umt5Config {
+        relative_attention_max_distance: 8,
+        ..Umt5Config::default()
+    };
+    assert!(c.validate().is_err());
+    let c = Umt5Config {
+        d_kv: 0,
+        ..Umt5Config::default()
+    };
     assert!(c.validate().is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
