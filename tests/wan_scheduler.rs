@@ -244,19 +244,45 @@ fn wan_original_spacing() {
 fn config_errors() {
     let base = config_json();
     for (key, value, needle) in [
-        ("_class_name", serde_json::json!("DDIMScheduler"), "_class_name"),
-        ("prediction_type", serde_json::json!("epsilon"), "prediction_type"),
-        ("use_flow_sigmas", serde_json::json!(false), "use_flow_sigmas"),
-        ("use_karras_sigmas", serde_json::json!(true), "use_karras_sigmas"),
+        (
+            "_class_name",
+            serde_json::json!("DDIMScheduler"),
+            "_class_name",
+        ),
+        (
+            "prediction_type",
+            serde_json::json!("epsilon"),
+            "prediction_type",
+        ),
+        (
+            "use_flow_sigmas",
+            serde_json::json!(false),
+            "use_flow_sigmas",
+        ),
+        (
+            "use_karras_sigmas",
+            serde_json::json!(true),
+            "use_karras_sigmas",
+        ),
         ("solver_type", serde_json::json!("bh3"), "solver_type"),
-        ("final_sigmas_type", serde_json::json!("one"), "final_sigmas_type"),
+        (
+            "final_sigmas_type",
+            serde_json::json!("one"),
+            "final_sigmas_type",
+        ),
         ("solver_order", serde_json::json!(0), "solver_order"),
         ("flow_shift", serde_json::json!(-1.0), "flow_shift"),
-        ("flow_shift", serde_json::json!("x"), "not a UniPCMultistepScheduler config"),
+        (
+            "flow_shift",
+            serde_json::json!("x"),
+            "not a UniPCMultistepScheduler config",
+        ),
     ] {
         let mut v = base.clone();
         v[key] = value;
-        let e = UniPcConfig::from_json(&v.to_string()).unwrap_err().to_string();
+        let e = UniPcConfig::from_json(&v.to_string())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(needle), "{key}: {e}");
     }
     let e = UniPcConfig::from_file(fixtures().join("missing.json"))

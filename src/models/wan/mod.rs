@@ -9,6 +9,7 @@
 
 use crate::attention::AttentionConfig;
 
+pub mod schedule;
 pub mod scheduler;
 pub mod transformer;
 pub mod umt5;

@@ -361,7 +361,10 @@ impl UniPcScheduler {
         let (sig_t, sig_s0) = (self.sigmas[t], self.sigmas[s0]);
         let (l_t, l_s0) = (lambda(sig_t), lambda(sig_s0));
         let h = l_t - l_s0;
-        let mut rks: Vec<f64> = prev.iter().map(|&si| (lambda(self.sigmas[si]) - l_s0) / h).collect();
+        let mut rks: Vec<f64> = prev
+            .iter()
+            .map(|&si| (lambda(self.sigmas[si]) - l_s0) / h)
+            .collect();
         rks.push(1.0);
         let hh = -h; // predict_x0
         let h_phi_1 = hh.exp_m1();
@@ -375,7 +378,11 @@ impl UniPcScheduler {
         let mut b = Vec::with_capacity(order);
         let mut r = Vec::with_capacity(order);
         for i in 1..=order {
-            r.push(rks.iter().map(|rk| rk.powi(i as i32 - 1)).collect::<Vec<f64>>());
+            r.push(
+                rks.iter()
+                    .map(|rk| rk.powi(i as i32 - 1))
+                    .collect::<Vec<f64>>(),
+            );
             b.push(h_phi_k * factorial / b_h);
             factorial *= (i + 1) as f64;
             h_phi_k = h_phi_k / hh - 1.0 / factorial;
@@ -394,7 +401,12 @@ impl UniPcScheduler {
     }
 
     /// `Σ_k rhos[k]·(m_k − m0)/r_k` over the older estimates `ms` (newest first).
-    fn weighted_diffs(ms: &[&Tensor], m0: &Tensor, rks: &[f64], rhos: &[f64]) -> Result<Option<Tensor>> {
+    fn weighted_diffs(
+        ms: &[&Tensor],
+        m0: &Tensor,
+        rks: &[f64],
+        rhos: &[f64],
+    ) -> Result<Option<Tensor>> {
         let mut acc: Option<Tensor> = None;
         for ((m, rk), rho) in ms.iter().zip(rks).zip(rhos) {
             let d = ((*m - m0)? / *rk)?;
