@@ -17,14 +17,24 @@ Writes, under tests/fixtures/wan/scheduler/ (run from the repository root):
   expected.json           versions, the schedule list, each trajectory's scheduler kwargs, and
                           the high/low-noise expert split of the UniPC timesteps for SPLITS
 
+With `--wan-repo DIR` (a checkout of https://github.com/Wan-Video/Wan2.2) it also writes
+  wan_original.safetensors  the original `FlowUniPCMultistepScheduler` (wan/utils/
+                          fm_solvers_unipc.py, built as wan/text2video.py builds it: shift 1 at
+                          construction, the shift passed to set_timesteps):
+                            `n{steps}_s{shift}.timesteps` i64, `.sigmas` f32 for SCHEDULES, and
+                            a 6-step trajectory `traj.{sample0,outputs,samples}` with shift 12
+Without it, that file is left as it is.
+
 The trajectories call `scheduler.step(outputs[i], timesteps[i], sample)` the way
 `pipeline_wan.py` does. Outputs are stored in the dtype they were passed in (`unipc_bf16` uses
 bfloat16 model outputs with a float32 sample, as the pipeline does with a bf16 transformer).
 
 Set-up:  python3 -m venv .venv-py && .venv-py/bin/pip install torch diffusers safetensors numpy
-Run:     .venv-py/bin/python scripts/gen_wan_scheduler_fixtures.py
+Run:     .venv-py/bin/python scripts/gen_wan_scheduler_fixtures.py [--wan-repo DIR]
 """
 
+import argparse
+import importlib.util
 import json
 import os
 
@@ -94,8 +104,45 @@ def key(steps, shift):
     return f"n{steps}_s{shift:g}"
 
 
+def wan_original(repo):
+    """The original Wan2.2 UniPC schedules and a trajectory."""
+    path = os.path.join(repo, "wan", "utils", "fm_solvers_unipc.py")
+    spec = importlib.util.spec_from_file_location("fm_solvers_unipc", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def make(steps, shift):
+        s = mod.FlowUniPCMultistepScheduler(num_train_timesteps=1000, shift=1, use_dynamic_shifting=False)
+        s.set_timesteps(steps, device="cpu", shift=shift)
+        return s
+
+    tensors = {}
+    for steps, shift in SCHEDULES:
+        s = make(steps, shift)
+        tensors[f"{key(steps, shift)}.timesteps"] = s.timesteps.clone()
+        tensors[f"{key(steps, shift)}.sigmas"] = s.sigmas.clone()
+    g = torch.Generator().manual_seed(9)
+    sample = torch.randn(SHAPE, generator=g)
+    outputs = torch.randn((STEPS, *SHAPE), generator=g)
+    s = make(STEPS, 12.0)
+    x = sample
+    samples = []
+    for i, t in enumerate(s.timesteps):
+        x = s.step(outputs[i], t, x, return_dict=False)[0]
+        samples.append(x.clone())
+    tensors["traj.sample0"] = sample
+    tensors["traj.outputs"] = outputs
+    tensors["traj.samples"] = torch.stack(samples)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(OUT, "wan_original.safetensors"))
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wan-repo", help="a Wan2.2 checkout, for wan_original.safetensors")
+    args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.wan_repo:
+        wan_original(args.wan_repo)
     unipc(flow_shift=3.0).save_config(OUT)
     tensors = {}
     for steps, shift in SCHEDULES:

@@ -217,21 +217,47 @@ fn expert_split_matches_pipeline_rule() {
     assert!(expert_switch_step(u.timesteps(), f64::NAN, 1000).is_err());
 }
 
-/// The original Wan spacing, `linspace(0.999, 0, n+1)[:-1]`, gives the splits of the
-/// original code (models.md §A5: 26/14, 15/25, 15/35).
+/// The original Wan2.2 scheduler (`wan/utils/fm_solvers_unipc.py`, fixtures from
+/// `--wan-repo`): its `linspace(0.999, 0, n+1)[:-1]` spacing, its trajectory, and the splits of
+/// models.md §A5 (26/14, 15/25, 15/35), which that spacing gives.
 #[test]
-fn wan_original_spacing() {
+fn wan_original_scheduler() {
+    let exp =
+        candle_core::safetensors::load(fixtures().join("wan_original.safetensors"), &DEV).unwrap();
+    let original = |shift: f64| {
+        let mut c = UniPcConfig::wan(shift);
+        c.sigma_spacing = SigmaSpacing::WanOriginal;
+        UniPcScheduler::new(c).unwrap()
+    };
+    for key in meta()["schedules"].as_array().unwrap() {
+        let key = key.as_str().unwrap();
+        let (n, s) = key[1..].split_once("_s").unwrap();
+        let mut u = original(s.parse().unwrap());
+        u.set_timesteps(n.parse().unwrap()).unwrap();
+        check_schedule(
+            &format!("original {key}"),
+            &u,
+            &exp[&format!("{key}.timesteps")],
+            &exp[&format!("{key}.sigmas")],
+        );
+    }
+    let outputs = &exp["traj.outputs"];
+    let samples = &exp["traj.samples"];
+    let mut u = original(12.0);
+    u.set_timesteps(6).unwrap();
+    let mut x = exp["traj.sample0"].clone();
+    for i in 0..6 {
+        x = u.step(&outputs.get(i).unwrap(), i, &x).unwrap();
+        let d = max_abs_diff(&x, &samples.get(i).unwrap());
+        assert!(d <= 1e-5, "original: step {i}: max |diff| {d}");
+    }
     for (steps, shift, ratio, high) in [
         (40, 12.0, 0.875, 26),
         (40, 5.0, 0.9, 15),
         (50, 3.0, 0.875, 15),
     ] {
-        let mut c = UniPcConfig::wan(shift);
-        c.sigma_spacing = SigmaSpacing::WanOriginal;
-        let mut u = UniPcScheduler::new(c).unwrap();
+        let mut u = original(shift);
         u.set_timesteps(steps).unwrap();
-        assert_eq!(u.timesteps()[0], 999.0);
-        assert_eq!(u.sigmas()[steps], 0.0);
         assert_eq!(
             expert_switch_step(u.timesteps(), ratio, 1000).unwrap(),
             high,
