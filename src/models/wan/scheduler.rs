@@ -274,8 +274,9 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Vec<f64> {
         b.swap(c, p);
         for r in c + 1..n {
             let f = a[r][c] / a[c][c];
-            for k in c..n {
-                a[r][k] -= f * a[c][k];
+            let (top, bottom) = a.split_at_mut(r);
+            for (x, p) in bottom[0][c..].iter_mut().zip(&top[c][c..]) {
+                *x -= f * p;
             }
             b[r] -= f * b[c];
         }
@@ -656,7 +657,8 @@ impl FlowScheduler for FlowEulerScheduler {
         let nt = self.config.num_train_timesteps;
         let ntf = nt as f32;
         // training sigmas: linspace(1, N, N)[::-1] / N, shifted in f32
-        let sigma_max = self.shift_f32(ntf / ntf) as f64;
+        // the first training sigma is N / N = 1
+        let sigma_max = self.shift_f32(1.0) as f64;
         let sigma_min = self.shift_f32(1.0f32 / ntf) as f64;
         let t = linspace(sigma_max * nt as f64, sigma_min * nt as f64, n);
         let sig: Vec<f32> = t
