@@ -81,6 +81,9 @@ fn repo_config_parses() {
     assert_eq!(c.solver_type, "bh2");
     assert!(c.use_flow_sigmas && c.lower_order_final && c.predict_x0);
     assert!(c.disable_corrector.is_empty());
+    // a repo directory without the file names the path it looked for
+    let e = UniPcConfig::from_repo(fixtures()).unwrap_err().to_string();
+    assert!(e.contains("scheduler_config.json"), "{e}");
 }
 
 #[test]

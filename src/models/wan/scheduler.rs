@@ -11,9 +11,12 @@
 //! shifts it, `σ' = s·σ / (1 + (s−1)·σ)`, nudges a first σ' of 1 to `1 − 1e-6`, and hands
 //! the transformer `t = trunc(σ'·N)`. The original Wan code (`wan/utils/fm_solvers_unipc.py`)
 //! spaces `linspace(0.999, 0, n+1)[:-1]` instead, so its timesteps differ slightly for the same
-//! (steps, shift); the solver is the same. Note that the diffusers converter writes
-//! `flow_shift` 3.0 into the A14B repos (5.0 for TI2V) where the original T2V uses 12.0; set it
-//! with [`UniPcConfig::flow_shift`].
+//! (steps, shift), and so can the A14B expert split ([`expert_switch_step`]: 50 steps at shift
+//! 3.0 with boundary 0.875 split 16 / 34 with diffusers' sigmas, 15 / 35 with the original's);
+//! [`SigmaSpacing::WanOriginal`] reproduces the original. The solver is the same.
+//!
+//! The diffusers converter writes `flow_shift` 3.0 into the A14B repos (5.0 for TI2V) where
+//! the original T2V uses 12.0; set it with [`UniPcConfig::flow_shift`].
 //!
 //! **Precision.** Sigmas are stored in f32 as diffusers does and the step coefficients are
 //! computed in f64 from them (diffusers uses f32 scalars; the difference is far below the f32
@@ -149,6 +152,11 @@ impl UniPcConfig {
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
         Self::from_json(&text)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))
+    }
+
+    /// Reads `scheduler/scheduler_config.json` of a diffusers repo directory.
+    pub fn from_repo(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file(dir.as_ref().join("scheduler").join("scheduler_config.json"))
     }
 
     /// Parses and checks the JSON text of a `scheduler_config.json`.
@@ -357,7 +365,8 @@ impl UniPcScheduler {
     }
 
     /// The coefficients shared by the predictor and the corrector for a step from sigma
-    /// index `s0` to `t` with order `order`: (h, rks (with the final 1), hφ₁, B(h), b).
+    /// index `s0` to `t`, with older estimates at sigma indices `prev` (newest first); the
+    /// order is `prev.len() + 1`.
     fn coefficients(&self, t: usize, s0: usize, prev: &[usize]) -> Coeffs {
         let (sig_t, sig_s0) = (self.sigmas[t], self.sigmas[s0]);
         let (l_t, l_s0) = (lambda(sig_t), lambda(sig_s0));
