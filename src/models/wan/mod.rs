@@ -10,6 +10,7 @@
 use crate::attention::AttentionConfig;
 
 pub mod fidelity;
+pub mod schedule;
 pub mod scheduler;
 pub mod sizes;
 pub mod transformer;
