@@ -159,6 +159,11 @@ pub(crate) fn attention_decode(
     };
     // SAFETY: pure query.
     let splits = unsafe { ffi::mxa_decode_splits(n as i32) } as usize;
+    // the merge kernel keeps one weight per split in shared memory (MERGE_MAX_SPLITS in
+    // kernels/attention_decode.cu): longer contexts (> 512k keys) take the dequantizing path
+    if splits > 2048 {
+        return Ok(None);
+    }
     let rows = b * hq * sq;
     let dev = q.device();
     let out = Tensor::zeros((b, hq, sq, d), q.dtype(), dev)?;
