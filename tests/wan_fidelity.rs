@@ -89,9 +89,16 @@ fn bad_input_is_an_error() {
     let (r, _, _) = videos();
     let small = RgbFrames::new(8, 8, vec![vec![0u8; 8 * 8 * 3]; 5]).unwrap();
     assert!(VideoFidelity::compare(&small, &r).is_err(), "size mismatch");
-    assert!(ssim_u8(&small.frames[0], &small.frames[0], 8, 8).is_err(), "below 11x11");
+    assert!(
+        ssim_u8(&small.frames[0], &small.frames[0], 8, 8).is_err(),
+        "below 11x11"
+    );
     assert!(psnr_u8(&[1, 2, 3], &[1, 2]).is_err());
-    assert_eq!(pearson(&[1.0, 1.0, 1.0], &[1.0, 2.0, 3.0]), None, "constant series");
+    assert_eq!(
+        pearson(&[1.0, 1.0, 1.0], &[1.0, 2.0, 3.0]),
+        None,
+        "constant series"
+    );
     let one = RgbFrames::new(8, 8, vec![vec![0u8; 8 * 8 * 3]]).unwrap();
     assert!(flicker_series(&one).is_empty());
 }

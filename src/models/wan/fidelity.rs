@@ -163,8 +163,8 @@ pub fn ssim_plane(a: &[f64], b: &[f64], w: usize, h: usize) -> Result<f64> {
     for i in 0..mu_a.len() {
         let (ma, mb) = (mu_a[i], mu_b[i]);
         let (va, vb, cov) = (aa[i] - ma * ma, bb[i] - mb * mb, ab[i] - ma * mb);
-        sum += ((2.0 * ma * mb + c1) * (2.0 * cov + c2))
-            / ((ma * ma + mb * mb + c1) * (va + vb + c2));
+        sum +=
+            ((2.0 * ma * mb + c1) * (2.0 * cov + c2)) / ((ma * ma + mb * mb + c1) * (va + vb + c2));
     }
     Ok(sum / mu_a.len() as f64)
 }

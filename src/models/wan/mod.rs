@@ -10,6 +10,8 @@
 use crate::attention::AttentionConfig;
 
 pub mod fidelity;
+pub mod pipeline;
+pub mod profile;
 pub mod schedule;
 pub mod scheduler;
 pub mod sizes;

@@ -148,7 +148,7 @@ pub fn parse_size(text: &str, variant: WanVariant, any_size: bool) -> Result<(us
 
 /// Checks a frame count (`4k + 1`, at least 1) and returns the latent frames `k + 1`.
 pub fn latent_frames(frames: usize) -> Result<usize> {
-    if frames == 0 || (frames - 1) % 4 != 0 {
+    if frames == 0 || !(frames - 1).is_multiple_of(4) {
         bail!(
             "{frames} frames: the VAE makes 1 + 4k frames (e.g. 81 or 121); try {}",
             ((frames.max(1) - 1) / 4) * 4 + 1

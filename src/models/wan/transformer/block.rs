@@ -138,7 +138,7 @@ impl WanAttention {
             q = r.apply(&q)?;
             k = r.apply(&k)?;
         }
-        let o = attention(&q, &k, &v, cfg)?;
+        let o = super::super::profile::timed(q.device(), || attention(&q, &k, &v, cfg))?;
         let (b, _, n, _) = o.dims4()?;
         let o = o
             .transpose(1, 2)?

@@ -96,7 +96,8 @@ impl TextEncoder {
         self
     }
 
-    fn set_max_sequence_length(&mut self, n: usize) -> Result<()> {
+    /// Pads and truncates to `n` tokens (at least 1).
+    pub fn set_max_sequence_length(&mut self, n: usize) -> Result<()> {
         if n == 0 {
             bail!("UMT5: max_sequence_length must be positive");
         }

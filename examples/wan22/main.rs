@@ -1,0 +1,428 @@
+//! Wan2.2 text-to-video with mxattn's quantized attention.
+//!
+//!     cargo run --release --features cuda,hub --example wan22 -- --device cuda \
+//!         --prompt "A red fox running through fresh snow" --attn-schedule hybrid -o fox.mp4
+//!     cargo run --release --example wan22 -- --model-dir DIR --size 832x480 --steps 30 -o out.mp4
+//!     cargo run --release --features cuda --example wan22 -- --random-weights --variant a14b \
+//!         --device cuda --steps 2 --no-decode --profile-attention --attn fused-mxfp8
+//!
+//! `--help` documents every flag, the attention-schedule grammar and the config names.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::{CommandFactory, FromArgMatches, Parser};
+use indicatif::{ProgressBar, ProgressStyle};
+use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
+use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
+use mxattn::models::wan::schedule::{help as schedule_help, ScheduleSpec};
+use mxattn::models::wan::scheduler::SamplerKind;
+use mxattn::models::wan::sizes::{parse_size, WanVariant};
+use mxattn::models::wan::umt5::WAN_NEGATIVE_PROMPT;
+use mxattn::models::wan::video::{GifWriter, Mp4Writer, RgbFrames};
+use mxattn::models::wan::{profile, video};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "wan22",
+    about = "Wan2.2 text-to-video (T2V-A14B, TI2V-5B) with quantized (MX) attention",
+    long_about = "Wan2.2 text-to-video in Candle: UMT5 prompt encoding, the Wan transformer \
+(T2V-A14B's two experts switched at the boundary timestep, or TI2V-5B), UniPC flow matching with \
+classifier-free guidance, and the causal 3-D VAE, writing an H.264 .mp4 (or .gif, or PNG frames). \
+Every attention call (self, cross, VAE mid) goes through mxattn::attention with the config the \
+attention schedule picks for its (expert, step, layer, kind). Defaults follow the original \
+release: 40 steps, shift 12, guidance 4.0/3.0 for A14B; 50 steps, shift 5, guidance 5 for 5B."
+)]
+struct Args {
+    /// Hub repository (diffusers layout), used with `--features hub`.
+    #[arg(long, default_value = "Wan-AI/Wan2.2-T2V-A14B-Diffusers")]
+    model: String,
+    /// Hub revision (with --model).
+    #[arg(long)]
+    revision: Option<String>,
+    /// Local diffusers-layout directory: model_index.json, tokenizer/, text_encoder/,
+    /// transformer/ (+ transformer_2/), vae/, scheduler/.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Random weights with the released architecture of --variant (speed runs).
+    #[arg(long)]
+    random_weights: bool,
+    /// t2v-a14b or ti2v-5b (default: from --model's name).
+    #[arg(long)]
+    variant: Option<String>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    weights_seed: u64,
+    /// With --random-weights: length of the pseudo-random prompt (tokens).
+    #[arg(long, default_value_t = 64)]
+    prompt_tokens: usize,
+
+    #[arg(
+        long,
+        default_value = "Two anthropomorphic cats in comfy boxing gear fight on a spotlighted stage."
+    )]
+    prompt: String,
+    /// Default: the original release's negative prompt.
+    #[arg(long)]
+    negative_prompt: Option<String>,
+    /// WIDTHxHEIGHT; A14B: 1280x720, 720x1280, 832x480, 480x832; 5B: 1280x704, 704x1280.
+    #[arg(long)]
+    size: Option<String>,
+    /// Accept any size the latent grid allows (tiny test models).
+    #[arg(long)]
+    any_size: bool,
+    /// Frames, 4k+1 (default 81 for A14B, 121 for 5B).
+    #[arg(long)]
+    frames: Option<usize>,
+    /// Denoising steps (default 40 A14B, 50 5B).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Guidance of the high-noise expert (5B: the only one).
+    #[arg(long)]
+    guidance: Option<f64>,
+    /// Guidance of the low-noise expert (A14B).
+    #[arg(long)]
+    guidance_2: Option<f64>,
+    /// Flow shift (default: the original release's, 12 for A14B and 5 for 5B; diffusers'
+    /// configs ship 3.0 and 5.0).
+    #[arg(long)]
+    shift: Option<f64>,
+    /// unipc or euler.
+    #[arg(long, default_value = "unipc")]
+    sampler: String,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+
+    /// One attention config everywhere (names below).
+    #[arg(long, default_value = "exact")]
+    attn: String,
+    /// Attention schedule (grammar below), e.g. "hybrid"; overrides --attn.
+    #[arg(long)]
+    attn_schedule: Option<String>,
+
+    /// Output video: .mp4 (H.264) or .gif.
+    #[arg(short, long, default_value = "wan22.mp4")]
+    output: PathBuf,
+    /// Also write a GIF next to the MP4.
+    #[arg(long)]
+    gif: bool,
+    /// Also write every frame as PNG into this directory.
+    #[arg(long)]
+    png_dir: Option<PathBuf>,
+    /// Skip the VAE decode (speed runs of the denoiser).
+    #[arg(long)]
+    no_decode: bool,
+    /// Time every transformer attention call (synchronizes the device) for the share of
+    /// time spent in attention.
+    #[arg(long)]
+    profile_attention: bool,
+    /// Write a JSON report (timings, settings) here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+
+    /// Run on the CPU (same as --device cpu).
+    #[arg(long)]
+    cpu: bool,
+    /// cpu, cuda or cuda:N (default: cpu).
+    #[arg(long)]
+    device: Option<String>,
+    /// Transformer / text-encoder dtype: f32, bf16, f16 (default f32 on the CPU, bf16 on a GPU).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// VAE dtype (default: f32 on the CPU, bf16 on a GPU).
+    #[arg(long)]
+    vae_dtype: Option<String>,
+    /// Hide progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> Result<()> {
+    let cmd = Args::command().after_help(schedule_help());
+    let args = Args::from_arg_matches(&cmd.get_matches())?;
+    run(args)
+}
+
+fn bar(n: u64, what: &str, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(n);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{msg:>10} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    b.set_message(what.to_string());
+    b
+}
+
+fn run(a: Args) -> Result<()> {
+    let device = if a.cpu {
+        Device::Cpu
+    } else {
+        parse_device(a.device.as_deref().unwrap_or("cpu"))?
+    };
+    let default_dt = if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let dtype = a
+        .dtype
+        .as_deref()
+        .map(parse_dtype)
+        .transpose()?
+        .unwrap_or(default_dt);
+    let vae_dtype = a
+        .vae_dtype
+        .as_deref()
+        .map(parse_dtype)
+        .transpose()?
+        .unwrap_or(default_dt);
+    let variant: WanVariant = match &a.variant {
+        Some(v) => v.parse()?,
+        None if a.model.to_ascii_lowercase().contains("5b") => WanVariant::Ti2v5b,
+        None => WanVariant::T2vA14b,
+    };
+    let sampler = SamplerKind::parse(&a.sampler)?;
+    let spec = match &a.attn_schedule {
+        Some(s) => ScheduleSpec::parse(s)?,
+        None => ScheduleSpec::uniform(&a.attn)?,
+    };
+
+    let t_load = Instant::now();
+    let pipe = if a.random_weights {
+        println!("building {variant} with random weights on {device:?} in {dtype:?} …");
+        WanPipeline::random(
+            variant,
+            dtype,
+            vae_dtype,
+            &device,
+            a.weights_seed,
+            a.prompt_tokens,
+        )?
+    } else {
+        let dir = match &a.model_dir {
+            Some(d) => d.clone(),
+            None => hub_dir(&a.model, a.revision.as_deref())?,
+        };
+        println!("loading {} on {device:?} in {dtype:?} …", dir.display());
+        WanPipeline::load(&dir, dtype, vae_dtype, &device)
+            .with_context(|| format!("loading the pipeline from {}", dir.display()))?
+    };
+    let variant = pipe.variant();
+    println!(
+        "loaded {variant} ({} expert(s)) in {:.1} s",
+        pipe.experts.len(),
+        t_load.elapsed().as_secs_f64()
+    );
+    let d = variant.sampler_defaults();
+    let (width, height) = match &a.size {
+        Some(s) => parse_size(s, variant, a.any_size)?,
+        None => variant.default_size(),
+    };
+    let guidance_high = a.guidance.unwrap_or(d.guidance_high);
+    let opts = GenerateOptions {
+        prompt: a.prompt.clone(),
+        negative_prompt: a
+            .negative_prompt
+            .clone()
+            .unwrap_or_else(|| WAN_NEGATIVE_PROMPT.to_string()),
+        width,
+        height,
+        frames: a.frames.unwrap_or(variant.default_frames()),
+        steps: a.steps.unwrap_or(d.steps),
+        guidance_high,
+        guidance_low: a.guidance_2.or(a.guidance).unwrap_or(d.guidance_low),
+        shift: Some(a.shift.unwrap_or(d.shift)),
+        sampler,
+        seed: a.seed,
+    };
+    let dims = pipe.latent_dims(&opts)?;
+    let n_layers = pipe.experts[0].config().num_layers;
+    let schedule = spec.resolve(opts.steps, n_layers)?;
+    let sch = pipe.scheduler(&opts)?;
+    let switch = pipe.switch_step(sch.timesteps(), sch.num_train_timesteps())?;
+    println!(
+        "{width}x{height}, {} frames (latents {:?}, {} tokens), {} steps, shift {}, guidance {}/{}, {} sampler, seed {}",
+        opts.frames,
+        dims,
+        dims.2 * (dims.3 / 2) * (dims.4 / 2),
+        opts.steps,
+        opts.shift.unwrap(),
+        opts.guidance_high,
+        opts.guidance_low,
+        a.sampler,
+        opts.seed
+    );
+    if pipe.experts.len() == 2 {
+        println!(
+            "experts: high-noise for steps 0..{switch}, low-noise for {switch}..{}",
+            opts.steps
+        );
+    }
+    println!("attention: {}", schedule.summary(switch));
+    if pipe.vae.mid_attention_uses_fallback() {
+        println!("  (the Wan2.2 VAE's mid attention is 1024 wide: it runs exact attention whatever the schedule)");
+    }
+
+    profile::set_enabled(a.profile_attention);
+    let t_text = Instant::now();
+    let (cond, uncond) = pipe.encode_prompts(&opts)?;
+    device.synchronize()?;
+    let text_s = t_text.elapsed().as_secs_f64();
+    let _ = profile::take();
+
+    let latents = pipe.initial_latents(&opts)?;
+    let pb = bar(opts.steps as u64, "denoise", a.quiet);
+    let mut steps = Vec::new();
+    let t_den = Instant::now();
+    let latents = pipe.denoise(
+        &opts,
+        latents,
+        &cond,
+        uncond.as_ref(),
+        &schedule,
+        |info, _| {
+            let (att_s, calls) = profile::take();
+            pb.inc(1);
+            steps.push(serde_json::json!({
+                "step": info.step, "timestep": info.timestep, "expert": info.expert,
+                "guidance": info.guidance, "seconds": info.seconds,
+                "attention_seconds": att_s, "attention_calls": calls,
+            }));
+            Ok(())
+        },
+    )?;
+    pb.finish_and_clear();
+    let denoise_s = t_den.elapsed().as_secs_f64();
+    let step_s: Vec<f64> = steps
+        .iter()
+        .map(|s| s["seconds"].as_f64().unwrap())
+        .collect();
+    let att_s: f64 = steps
+        .iter()
+        .map(|s| s["attention_seconds"].as_f64().unwrap())
+        .sum();
+    println!(
+        "denoising: {:.2} s total, {:.3} s/step (mean of {}; first {:.3}, last {:.3})",
+        denoise_s,
+        step_s.iter().sum::<f64>() / step_s.len() as f64,
+        step_s.len(),
+        step_s[0],
+        step_s[step_s.len() - 1]
+    );
+    if a.profile_attention {
+        println!(
+            "attention (transformer self + cross): {:.2} s = {:.1} % of denoising",
+            att_s,
+            100.0 * att_s / denoise_s
+        );
+    }
+
+    let mut vae_s = None;
+    let mut written = Vec::new();
+    if !a.no_decode {
+        let t_vae = Instant::now();
+        let vb = bar(dims.2 as u64, "VAE", a.quiet);
+        let (w, h, fps) = (width, height, variant.fps());
+        let ext = a
+            .output
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let mut mp4 = None;
+        let mut gif = None;
+        match ext.as_deref() {
+            Some("mp4") => {
+                mp4 = Some(Mp4Writer::create(&a.output, w, h, fps)?);
+                if a.gif {
+                    gif = Some(GifWriter::create(
+                        a.output.with_extension("gif"),
+                        w,
+                        h,
+                        fps,
+                    )?);
+                }
+            }
+            Some("gif") => gif = Some(GifWriter::create(&a.output, w, h, fps)?),
+            _ => bail!("--output {}: use a .mp4 or .gif name", a.output.display()),
+        }
+        let mut frame_no = 0usize;
+        let stats = pipe.decode(&latents, &schedule, |frames| {
+            let rgb = RgbFrames::from_tensor(&frames)?;
+            for f in &rgb.frames {
+                if let Some(m) = mp4.as_mut() {
+                    m.push_rgb(f)?;
+                }
+                if let Some(g) = gif.as_mut() {
+                    g.push_rgb(f)?;
+                }
+                if let Some(dir) = &a.png_dir {
+                    std::fs::create_dir_all(dir)?;
+                    video::write_png(dir.join(format!("frame_{frame_no:04}.png")), w, h, f)?;
+                }
+                frame_no += 1;
+            }
+            vb.inc(1);
+            Ok(())
+        })?;
+        vb.finish_and_clear();
+        if let Some(m) = mp4 {
+            let s = m.finish()?;
+            written.push(format!("{} ({s:?})", a.output.display()));
+        }
+        if let Some(g) = gif {
+            let n = g.finish()?;
+            written.push(format!("GIF, {n} frames"));
+        }
+        if let Some(dir) = &a.png_dir {
+            written.push(format!("{frame_no} PNG frames in {}", dir.display()));
+        }
+        let s = t_vae.elapsed().as_secs_f64();
+        vae_s = Some(s);
+        println!(
+            "VAE decode: {:.2} s, {} frames, peak activation {:.1} MiB, feature cache {:.1} MiB",
+            s,
+            stats.frames,
+            stats.peak_activation_bytes as f64 / 1048576.0,
+            stats.cache_bytes as f64 / 1048576.0
+        );
+        for w in &written {
+            println!("wrote {w}");
+        }
+    }
+    if let Some(p) = &a.json {
+        let report = serde_json::json!({
+            "variant": variant.to_string(), "random_weights": a.random_weights,
+            "width": width, "height": height, "frames": opts.frames, "steps": opts.steps,
+            "latents": [dims.0, dims.1, dims.2, dims.3, dims.4],
+            "attention": schedule.text(), "dtype": format!("{dtype:?}"),
+            "text_seconds": text_s, "denoise_seconds": denoise_s,
+            "step_seconds_mean": step_s.iter().sum::<f64>() / step_s.len() as f64,
+            "attention_seconds": if a.profile_attention { Some(att_s) } else { None },
+            "vae_seconds": vae_s, "per_step": steps,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "hub")]
+fn hub_dir(model: &str, revision: Option<&str>) -> Result<PathBuf> {
+    Ok(mxattn::models::wan::pipeline::hub_snapshot(
+        model, revision,
+    )?)
+}
+
+#[cfg(not(feature = "hub"))]
+fn hub_dir(model: &str, _revision: Option<&str>) -> Result<PathBuf> {
+    bail!(
+        "--model {model}: this build has no Hub support; build with `--features hub`, or \
+         download the repository and pass --model-dir DIR (or use --random-weights)"
+    )
+}

@@ -1,0 +1,43 @@
+//! Optional timing of the attention calls of a Wan run, for the share of time spent in
+//! attention. Off by default; when on, each timed call synchronizes the device before and
+//! after (so the time is the kernel's, not the launch's), which also serializes the run:
+//! enable it for measurements only.
+
+use candle_core::{Device, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static NANOS: AtomicU64 = AtomicU64::new(0);
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Turns timing on or off.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Seconds spent in timed calls and their count since the last reset.
+pub fn take() -> (f64, u64) {
+    (
+        NANOS.swap(0, Ordering::Relaxed) as f64 * 1e-9,
+        CALLS.swap(0, Ordering::Relaxed),
+    )
+}
+
+/// Runs `f`, adding its (device-synchronized) time to the total when timing is on.
+pub fn timed<T>(device: &Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !enabled() {
+        return f();
+    }
+    device.synchronize()?;
+    let t0 = Instant::now();
+    let out = f()?;
+    device.synchronize()?;
+    NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    CALLS.fetch_add(1, Ordering::Relaxed);
+    Ok(out)
+}
