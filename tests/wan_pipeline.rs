@@ -94,6 +94,14 @@ fn tiny_pipeline_matches_diffusers_step_by_step() {
     );
     let o = options(&e);
     let (cond, uncond) = pipe.encode_prompts(&o).unwrap();
+    // the text the transformers see: cleaned, tokenized, encoded, trimmed and zero-padded
+    let d = max_diff(&cond, &e.tensors["prompt_embeds"]);
+    assert!(d < 1e-5, "prompt embeddings: {d:e}");
+    let d = max_diff(
+        uncond.as_ref().unwrap(),
+        &e.tensors["negative_prompt_embeds"],
+    );
+    assert!(d < 1e-5, "negative prompt embeddings: {d:e}");
     let sch = pipe.scheduler(&o).unwrap();
     let want_ts: Vec<f64> = e.json["timesteps"]
         .as_array()
