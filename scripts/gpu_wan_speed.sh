@@ -8,7 +8,7 @@
 # per row.
 #   WAN_RUNS   ';'-separated "variant size frames steps" entries
 #   WAN_ATTNS  ';'-separated --attn / --attn-schedule values
-#   WAN_DECODE "variant size frames" of one run that also decodes (empty: none)
+#   WAN_DECODE "variant size frames" of one run that also decodes (set but empty: none)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 NV=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
@@ -36,8 +36,8 @@ for run in "${RUNS[@]}"; do
     echo "| $variant | $size | $frames | $tok | $attn | ${s:-failed} | ${ratio:--} | ${share:--} |"
   done
 done
-if [ -n "${WAN_DECODE:-t2v-a14b 1280x720 81}" ]; then
-  read -r variant size frames <<< "${WAN_DECODE:-t2v-a14b 1280x720 81}"
+if [ -n "${WAN_DECODE-t2v-a14b 1280x720 81}" ]; then
+  read -r variant size frames <<< "${WAN_DECODE-t2v-a14b 1280x720 81}"
   timeout "$T" ./.gpu/wan22 --random-weights --variant "$variant" --device cuda --size "$size" \
     --frames "$frames" --steps 1 --quiet --attn exact -o "$OUT/wan_decode_${variant}.mp4" \
     --json "$OUT/wan_decode_${variant}.json" > "$OUT/wan_decode_${variant}.txt" 2>&1
