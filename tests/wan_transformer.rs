@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use mxattn::attention::{AttentionConfig, FusedSoftmaxConfig, OperandFormat};
 use mxattn::models::wan::transformer::{
     check_files, expected_tensors, expert_dirs, original_name, Layout, TransformerConfig,
-    TransformerFiles, WanTransformer,
+    WanTransformer,
 };
 use mxattn::models::wan::{AttnKind, AttnPolicy, AttnSite};
 use mxattn::mx::ElemFormat;
@@ -153,7 +153,8 @@ fn per_token_and_per_sample_timesteps_agree() {
 /// `WanModel` config.json) load to the same model.
 #[test]
 fn original_layout_gives_identical_output() {
-    let files = TransformerFiles::from_dir(fixtures().join("a14b_original")).unwrap();
+    let files =
+        mxattn::models::wan::transformer::find_files(fixtures().join("a14b_original")).unwrap();
     assert_eq!(files.weights.len(), 2);
     assert!(files.index.is_some());
     let cfg = TransformerConfig::from_file(&files.config).unwrap();
@@ -163,7 +164,7 @@ fn original_layout_gives_identical_output() {
     assert_eq!(cfg.in_channels, dcfg.in_channels);
     assert_eq!(cfg.text_dim, dcfg.text_dim);
     assert_eq!(check_files(&cfg, &files).unwrap(), Layout::Original);
-    let dfiles = TransformerFiles::from_dir(fixtures().join("a14b")).unwrap();
+    let dfiles = mxattn::models::wan::transformer::find_files(fixtures().join("a14b")).unwrap();
     assert_eq!(check_files(&dcfg, &dfiles).unwrap(), Layout::Diffusers);
 
     let c = case("a14b");

@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use mxattn::models::wan::umt5::{
     expected_tensors, prompt_clean, relative_position_bucket, trim_and_pad, TextEncoder,
-    Umt5Config, Umt5Encoder, Umt5Files, DEFAULT_MAX_SEQUENCE_LENGTH, WAN_NEGATIVE_PROMPT,
+    Umt5Config, Umt5Encoder, DEFAULT_MAX_SEQUENCE_LENGTH, WAN_NEGATIVE_PROMPT,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -392,7 +392,7 @@ fn sharded_and_embed_tokens_checkpoints_load() {
     candle_core::safetensors::save(&b, dir.join("b.safetensors")).unwrap();
     let index = serde_json::json!({ "metadata": {}, "weight_map": map });
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
-    let files = Umt5Files::from_dir(&dir).unwrap();
+    let files = mxattn::models::wan::umt5::find_files(&dir).unwrap();
     assert_eq!(files.weights.len(), 2);
     let got = Umt5Encoder::from_files(&files, DType::F32, &DEV)
         .unwrap()

@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 use mxattn::attention::{AttentionConfig, OperandFormat, ProbFormat};
 use mxattn::models::wan::vae::blocks::MidAttention;
 use mxattn::models::wan::vae::{
-    exact_attention, expected_tensors, VaeConfig, VaeFiles, WanVae, VAE_MID_SITE,
+    exact_attention, expected_tensors, VaeConfig, WanVae, VAE_MID_SITE,
 };
 use mxattn::models::wan::{AttnPolicy, AttnSite};
 use mxattn::mx::ElemFormat;
@@ -358,7 +358,7 @@ fn wide_mid_attention_falls_back_to_exact_attention() {
 #[test]
 fn expected_tensors_are_exactly_the_decoder_tensors_diffusers_saves() {
     for name in ["wan21", "wan22"] {
-        let files = VaeFiles::from_dir(fixtures().join(name)).unwrap();
+        let files = mxattn::models::wan::vae::find_files(fixtures().join(name)).unwrap();
         let cfg = VaeConfig::from_file(&files.config).unwrap();
         let st = candle_core::safetensors::load(&files.weights[0], &DEV).unwrap();
         let saved: BTreeSet<String> = st.keys().cloned().collect();

@@ -9,6 +9,7 @@
 
 use crate::attention::AttentionConfig;
 
+pub mod checkpoint;
 pub mod fidelity;
 pub mod pipeline;
 pub mod profile;

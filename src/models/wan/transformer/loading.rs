@@ -14,19 +14,12 @@
 //! tensor is an error naming the file and the tensor.
 
 use super::config::TransformerConfig;
-use crate::models::qwen3::loading::{diagnose_safetensors, read_index};
-use candle_core::safetensors::MmapedSafetensors;
+use crate::models::wan::checkpoint::{ComponentFiles, TensorScan};
 use candle_core::{bail, Result};
-use safetensors::Dtype as StDtype;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const WEIGHTS: &str = "diffusion_pytorch_model.safetensors";
 const INDEX: &str = "diffusion_pytorch_model.safetensors.index.json";
-
-fn msg(s: String) -> candle_core::Error {
-    candle_core::Error::Msg(s)
-}
 
 /// The naming scheme of a checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,56 +31,11 @@ pub enum Layout {
 }
 
 /// The files of one transformer (one expert).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TransformerFiles {
-    pub config: PathBuf,
-    /// Safetensors files, in index order (or the single file).
-    pub weights: Vec<PathBuf>,
-    /// The index file when the weights are sharded.
-    pub index: Option<PathBuf>,
-}
+pub type TransformerFiles = ComponentFiles;
 
-impl TransformerFiles {
-    /// The files of one transformer directory (`config.json` plus the weights).
-    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
-        if !dir.is_dir() {
-            bail!("{}: not a directory", dir.display());
-        }
-        let config = dir.join("config.json");
-        if !config.is_file() {
-            bail!("{}: no config.json", dir.display());
-        }
-        let index = dir.join(INDEX);
-        let single = dir.join(WEIGHTS);
-        let (weights, index) = if index.is_file() {
-            let mut files: Vec<String> = read_index(&index)?.into_values().collect();
-            files.sort();
-            files.dedup();
-            let mut paths = Vec::new();
-            for f in files {
-                let p = dir.join(&f);
-                if !p.is_file() {
-                    bail!(
-                        "{}: lists shard {f}, which is not in {}",
-                        index.display(),
-                        dir.display()
-                    );
-                }
-                paths.push(p);
-            }
-            (paths, Some(index))
-        } else if single.is_file() {
-            (vec![single], None)
-        } else {
-            bail!("{}: no {WEIGHTS} and no {INDEX}", dir.display());
-        };
-        Ok(Self {
-            config,
-            weights,
-            index,
-        })
-    }
+/// The files of one transformer directory (`config.json` plus the weights).
+pub fn find_files(dir: impl AsRef<Path>) -> Result<TransformerFiles> {
+    ComponentFiles::find(dir, None, WEIGHTS)
 }
 
 /// The transformer directories of a model directory, high-noise expert first: diffusers'
@@ -264,83 +212,22 @@ pub fn detect_layout<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<Lay
 /// transformer of `cfg` needs is present once, in the shard the index names, with the right
 /// shape and a float dtype.
 pub fn check_files(cfg: &TransformerConfig, files: &TransformerFiles) -> Result<Layout> {
-    let mut found: HashMap<String, (PathBuf, Vec<usize>, StDtype)> = HashMap::new();
-    for f in &files.weights {
-        // SAFETY: a read-only map of a file we do not modify, as candle's own loader does.
-        let st = unsafe { MmapedSafetensors::new(f) }
-            .map_err(|e| msg(format!("{}: {}", f.display(), diagnose_safetensors(f, &e))))?;
-        for (name, view) in st.tensors() {
-            if let Some((prev, _, _)) = found.get(&name) {
-                bail!(
-                    "tensor {name} is in both {} and {}",
-                    prev.display(),
-                    f.display()
-                );
-            }
-            found.insert(name, (f.clone(), view.shape().to_vec(), view.dtype()));
-        }
-    }
-    let searched = || {
-        files
-            .weights
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let Some(layout) = detect_layout(found.keys().map(|s| s.as_str())) else {
+    let scan = TensorScan::open(files)?;
+    let Some(layout) = detect_layout(scan.names()) else {
         bail!(
             "{}: neither diffusers (condition_embedder.*, blocks.N.attn1.*) nor original Wan \
              (time_projection.*, blocks.N.self_attn.*) tensor names",
-            searched()
+            scan.searched()
         );
-    };
-    let index = match &files.index {
-        Some(p) => Some((p, read_index(p)?)),
-        None => None,
     };
     for (dname, shape) in expected_tensors(cfg) {
         let name = match layout {
-            Layout::Diffusers => dname.clone(),
+            Layout::Diffusers => dname,
             Layout::Original => original_name(&dname),
         };
-        let Some((file, got, dtype)) = found.get(&name) else {
-            bail!(
-                "Wan transformer checkpoint ({layout:?} layout): tensor {name} is missing \
-                 (searched {}; {} implies it)",
-                searched(),
-                files.config.display()
-            );
-        };
-        if *got != shape {
-            bail!(
-                "{}: tensor {name} has shape {got:?}, but {} implies {shape:?}",
-                file.display(),
-                files.config.display()
-            );
-        }
-        if !matches!(dtype, StDtype::F32 | StDtype::F16 | StDtype::BF16) {
-            bail!(
-                "{}: tensor {name} has dtype {dtype:?}; only f32/f16/bf16 weights are supported",
-                file.display()
-            );
-        }
-        if let Some((p, m)) = &index {
-            let fname = file.file_name().and_then(|s| s.to_str()).unwrap_or("");
-            match m.get(&name) {
-                Some(shard) if shard == fname => {}
-                Some(shard) => bail!(
-                    "{}: maps tensor {name} to {shard}, but it is in {}",
-                    p.display(),
-                    file.display()
-                ),
-                None => bail!(
-                    "{}: does not list tensor {name} (found in {})",
-                    p.display(),
-                    file.display()
-                ),
-            }
-        }
+        scan.check(&name, &shape, || {
+            format!("Wan transformer checkpoint ({layout:?} layout): tensor {name}")
+        })?;
     }
     Ok(layout)
 }

@@ -44,7 +44,7 @@ pub mod rope;
 pub use block::{BlockCall, WanBlock};
 pub use config::TransformerConfig;
 pub use loading::{
-    check_files, detect_layout, expected_tensors, expert_dirs, original_name, Layout,
+    check_files, detect_layout, expected_tensors, expert_dirs, find_files, original_name, Layout,
     TransformerFiles,
 };
 pub use rope::{RopeTables, WanRope};
@@ -150,7 +150,7 @@ impl WanTransformer {
     /// Loads one transformer directory of either layout in `dtype` on `device`, after
     /// checking every file and tensor.
     pub fn load(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        Self::from_files(&TransformerFiles::from_dir(dir)?, dtype, device)
+        Self::from_files(&find_files(dir)?, dtype, device)
     }
 
     /// Loads checked files.

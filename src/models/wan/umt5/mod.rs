@@ -29,7 +29,7 @@ pub mod text;
 
 pub use clean::prompt_clean;
 pub use config::Umt5Config;
-pub use loading::{check_files, expected_tensors, Umt5Files};
+pub use loading::{check_files, expected_tensors, find_files, Umt5Files};
 pub use model::{relative_position_bucket, Umt5Encoder};
 pub use text::{
     trim_and_pad, TextEncoder, Tokens, DEFAULT_MAX_SEQUENCE_LENGTH, WAN_NEGATIVE_PROMPT,
@@ -44,7 +44,7 @@ impl Umt5Encoder {
     /// Loads a text-encoder directory (or a pipeline directory with `text_encoder/`) in
     /// `dtype` on `device`, after checking every file and tensor.
     pub fn load(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        Self::from_files(&Umt5Files::from_dir(dir)?, dtype, device)
+        Self::from_files(&find_files(dir)?, dtype, device)
     }
 
     /// Loads checked files.

@@ -34,7 +34,7 @@ pub mod loading;
 
 pub use blocks::{exact_attention, VAE_MID_SITE};
 pub use config::VaeConfig;
-pub use loading::{check_files, expected_tensors, VaeFiles};
+pub use loading::{check_files, expected_tensors, find_files, VaeFiles};
 
 use crate::models::wan::AttnPolicy;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -107,7 +107,7 @@ impl WanVae {
     /// Loads a VAE directory (or a pipeline directory with `vae/`) in `dtype` on `device`,
     /// after checking every file and tensor.
     pub fn load(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> Result<Self> {
-        Self::from_files(&VaeFiles::from_dir(dir)?, dtype, device)
+        Self::from_files(&find_files(dir)?, dtype, device)
     }
 
     /// Loads checked files.
