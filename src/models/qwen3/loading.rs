@@ -112,30 +112,7 @@ impl CheckpointFiles {
     /// first and the network second. Needs the `hub` feature.
     #[cfg(feature = "hub")]
     pub fn from_hub(repo_id: &str, revision: Option<&str>) -> Result<Self> {
-        let (owner, name) = hf_hub::split_id(repo_id);
-        if owner.is_empty() {
-            bail!("--model {repo_id:?}: expected OWNER/NAME, e.g. Qwen/Qwen3-8B");
-        }
-        let client = hf_hub::HFClientSync::new().map_err(|e| msg(format!("hf-hub: {e}")))?;
-        let repo = client.model(owner, name);
-        // hf-hub 1.0 does not read HF_HUB_OFFLINE: try the cache, then download.
-        let get = |file: &str| -> Result<PathBuf> {
-            let local = repo
-                .download_file()
-                .filename(file)
-                .maybe_revision(revision.map(str::to_string))
-                .local_files_only(true)
-                .send();
-            match local {
-                Ok(p) => Ok(p),
-                Err(_) => repo
-                    .download_file()
-                    .filename(file)
-                    .maybe_revision(revision.map(str::to_string))
-                    .send()
-                    .map_err(|e| msg(format!("{repo_id}: {file}: {e}"))),
-            }
-        };
+        let get = hub_getter(repo_id, revision, "Qwen/Qwen3-8B")?;
         let config = get("config.json")?;
         let tokenizer = get("tokenizer.json").ok();
         let (weights, index) = match get("model.safetensors.index.json") {
@@ -159,6 +136,35 @@ impl CheckpointFiles {
             index,
         })
     }
+}
+
+/// A file fetcher for a Hugging Face Hub repository: each call returns the local path of a
+/// file, from the cache first and the network second (hf-hub 1.0 does not read
+/// `HF_HUB_OFFLINE`). `example` names a repository id for the error on a malformed id.
+#[cfg(feature = "hub")]
+pub(crate) fn hub_getter<'a>(
+    repo_id: &'a str,
+    revision: Option<&'a str>,
+    example: &str,
+) -> Result<impl Fn(&str) -> Result<PathBuf> + 'a> {
+    let (owner, name) = hf_hub::split_id(repo_id);
+    if owner.is_empty() {
+        bail!("--model {repo_id:?}: expected OWNER/NAME, e.g. {example}");
+    }
+    let client = hf_hub::HFClientSync::new().map_err(|e| msg(format!("hf-hub: {e}")))?;
+    let repo = client.model(owner, name);
+    Ok(move |file: &str| -> Result<PathBuf> {
+        let fetch = |local: bool| {
+            repo.download_file()
+                .filename(file)
+                .maybe_revision(revision.map(str::to_string))
+                .local_files_only(local)
+                .send()
+        };
+        fetch(true)
+            .or_else(|_| fetch(false))
+            .map_err(|e| msg(format!("{repo_id}: {file}: {e}")))
+    })
 }
 
 /// Why a safetensors file did not open, naming the first tensor whose bytes lie past the

@@ -392,32 +392,9 @@ impl WanPipeline {
 /// them. Needs the `hub` feature.
 #[cfg(feature = "hub")]
 pub fn hub_snapshot(repo_id: &str, revision: Option<&str>) -> Result<std::path::PathBuf> {
-    use crate::models::qwen3::loading::read_index;
+    use crate::models::qwen3::loading::{hub_getter, read_index};
     let msg = |s: String| candle_core::Error::Msg(s);
-    let (owner, name) = hf_hub::split_id(repo_id);
-    if owner.is_empty() {
-        bail!("--model {repo_id:?}: expected OWNER/NAME, e.g. Wan-AI/Wan2.2-T2V-A14B-Diffusers");
-    }
-    let client = hf_hub::HFClientSync::new().map_err(|e| msg(format!("hf-hub: {e}")))?;
-    let repo = client.model(owner, name);
-    // hf-hub 1.0 does not read HF_HUB_OFFLINE: try the cache, then download
-    let get = |file: &str| -> Result<std::path::PathBuf> {
-        let local = repo
-            .download_file()
-            .filename(file)
-            .maybe_revision(revision.map(str::to_string))
-            .local_files_only(true)
-            .send();
-        match local {
-            Ok(p) => Ok(p),
-            Err(_) => repo
-                .download_file()
-                .filename(file)
-                .maybe_revision(revision.map(str::to_string))
-                .send()
-                .map_err(|e| msg(format!("{repo_id}: {file}: {e}"))),
-        }
-    };
+    let get = hub_getter(repo_id, revision, "Wan-AI/Wan2.2-T2V-A14B-Diffusers")?;
     let index = get("model_index.json")?;
     let root = index
         .parent()

@@ -297,6 +297,22 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Vec<f64> {
     x
 }
 
+/// A multistep sampler's steps run in order from 0, after `set_timesteps`.
+fn check_step_order(who: &str, n: usize, step: usize, next: usize) -> Result<()> {
+    if n == 0 {
+        bail!("{who}: call set_timesteps before step");
+    }
+    if step >= n {
+        bail!("{who}: step {step} is out of range ({n} steps)");
+    }
+    if step != next {
+        bail!(
+            "{who}: steps must run in order (expected step {next}, got {step}); call set_timesteps to restart"
+        );
+    }
+    Ok(())
+}
+
 fn check_step_inputs(model_output: &Tensor, sample: &Tensor) -> Result<()> {
     if model_output.dims() != sample.dims() {
         bail!(
@@ -538,18 +554,7 @@ impl FlowScheduler for UniPcScheduler {
 
     fn step(&mut self, model_output: &Tensor, step: usize, sample: &Tensor) -> Result<Tensor> {
         let n = self.timesteps.len();
-        if n == 0 {
-            bail!("UniPC: call set_timesteps before step");
-        }
-        if step >= n {
-            bail!("UniPC: step {step} is out of range ({n} steps)");
-        }
-        if step != self.next_step {
-            bail!(
-                "UniPC: steps must run in order (the multistep state expects step {}, got {step}); call set_timesteps to restart",
-                self.next_step
-            );
-        }
+        check_step_order("UniPC", n, step, self.next_step)?;
         check_step_inputs(model_output, sample)?;
         if let Some(m) = self.history.last() {
             if m.dims() != sample.dims() {
@@ -694,19 +699,7 @@ impl FlowScheduler for FlowEulerScheduler {
 
     /// The sample stays in its own dtype (diffusers casts it to the model output's).
     fn step(&mut self, model_output: &Tensor, step: usize, sample: &Tensor) -> Result<Tensor> {
-        let n = self.timesteps.len();
-        if n == 0 {
-            bail!("Euler: call set_timesteps before step");
-        }
-        if step >= n {
-            bail!("Euler: step {step} is out of range ({n} steps)");
-        }
-        if step != self.next_step {
-            bail!(
-                "Euler: steps must run in order (expected step {}, got {step}); call set_timesteps to restart",
-                self.next_step
-            );
-        }
+        check_step_order("Euler", self.timesteps.len(), step, self.next_step)?;
         check_step_inputs(model_output, sample)?;
         let dt = self.sigmas[step + 1] - self.sigmas[step];
         let dv = model_output.affine(dt as f64, 0.0)?.to_dtype(DType::F32)?;
