@@ -352,6 +352,9 @@ fn run(a: Args) -> Result<()> {
             Some("gif") => gif = Some(GifWriter::create(&a.output, w, h, fps)?),
             _ => bail!("--output {}: use a .mp4 or .gif name", a.output.display()),
         }
+        if let Some(dir) = &a.png_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
         let mut frame_no = 0usize;
         let stats = pipe.decode(&latents, &schedule, |frames| {
             let rgb = RgbFrames::from_tensor(&frames)?;
@@ -363,7 +366,6 @@ fn run(a: Args) -> Result<()> {
                     g.push_rgb(f)?;
                 }
                 if let Some(dir) = &a.png_dir {
-                    std::fs::create_dir_all(dir)?;
                     video::write_png(dir.join(format!("frame_{frame_no:04}.png")), w, h, f)?;
                 }
                 frame_no += 1;

@@ -71,26 +71,7 @@ impl CheckpointFiles {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let (weights, index) = if index.is_file() {
-            let map = read_index(&index)?;
-            let mut files: Vec<String> = Vec::new();
-            for f in map.values() {
-                if !files.contains(f) {
-                    files.push(f.clone());
-                }
-            }
-            files.sort();
-            let mut paths = Vec::new();
-            for f in files {
-                let p = dir.join(&f);
-                if !p.is_file() {
-                    bail!(
-                        "{}: lists shard {f}, which is not in {}",
-                        index.display(),
-                        dir.display()
-                    );
-                }
-                paths.push(p);
-            }
+            let paths = shard_paths(&index, dir)?;
             (paths, Some(index))
         } else if single.is_file() {
             (vec![single], None)
@@ -165,6 +146,27 @@ pub(crate) fn hub_getter<'a>(
             .or_else(|_| fetch(false))
             .map_err(|e| msg(format!("{repo_id}: {file}: {e}")))
     })
+}
+
+/// The distinct shard files an index lists, sorted, each checked to exist in `dir`.
+pub(crate) fn shard_paths(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<String> = read_index(index)?.into_values().collect();
+    files.sort();
+    files.dedup();
+    files
+        .into_iter()
+        .map(|f| {
+            let p = dir.join(&f);
+            if !p.is_file() {
+                bail!(
+                    "{}: lists shard {f}, which is not in {}",
+                    index.display(),
+                    dir.display()
+                );
+            }
+            Ok(p)
+        })
+        .collect()
 }
 
 /// Why a safetensors file did not open, naming the first tensor whose bytes lie past the

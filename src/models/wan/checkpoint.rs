@@ -4,9 +4,10 @@
 //! implies looked up before any mapping, so a missing, mis-shaped or non-float tensor, or an
 //! index that disagrees with the files, is an error naming the file and the tensor.
 
-use crate::models::qwen3::loading::{diagnose_safetensors, read_index};
+use crate::models::qwen3::loading::{diagnose_safetensors, read_index, shard_paths};
 use candle_core::safetensors::MmapedSafetensors;
-use candle_core::{bail, Result};
+use candle_core::{bail, DType, Device, Result};
+use candle_nn::VarBuilder;
 use safetensors::Dtype as StDtype;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -46,21 +47,7 @@ impl ComponentFiles {
         let index = dir.join(&index_name);
         let single = dir.join(weights);
         let (weights, index) = if index.is_file() {
-            let mut files: Vec<String> = read_index(&index)?.into_values().collect();
-            files.sort();
-            files.dedup();
-            let mut paths = Vec::new();
-            for f in files {
-                let p = dir.join(&f);
-                if !p.is_file() {
-                    bail!(
-                        "{}: lists shard {f}, which is not in {}",
-                        index.display(),
-                        dir.display()
-                    );
-                }
-                paths.push(p);
-            }
+            let paths = shard_paths(&index, &dir)?;
             (paths, Some(index))
         } else if single.is_file() {
             (vec![single], None)
@@ -71,6 +58,15 @@ impl ComponentFiles {
             config,
             weights,
             index,
+        })
+    }
+
+    /// A `VarBuilder` over the weight files, mapped read-only (call after checking them).
+    pub fn var_builder(&self, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
+        // SAFETY: read-only maps of files this program does not modify, as candle's own
+        // loaders do.
+        unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }.map_err(|e| {
+            candle_core::Error::Msg(format!("loading {}: {e}", self.weights[0].display()))
         })
     }
 }

@@ -157,11 +157,7 @@ impl WanTransformer {
     pub fn from_files(files: &TransformerFiles, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = TransformerConfig::from_file(&files.config)?;
         let layout = check_files(&cfg, files)?;
-        // SAFETY: read-only maps of the files just checked.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
-            .map_err(|e| {
-                candle_core::Error::Msg(format!("loading {}: {e}", files.weights[0].display()))
-            })?;
+        let vb = files.var_builder(dtype, device)?;
         let vb = match layout {
             Layout::Diffusers => vb,
             Layout::Original => vb.rename_f(original_name),

@@ -51,11 +51,7 @@ impl Umt5Encoder {
     pub fn from_files(files: &Umt5Files, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = Umt5Config::from_file(&files.config)?;
         check_files(&cfg, files)?;
-        // SAFETY: read-only maps of the files just checked.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
-            .map_err(|e| {
-                candle_core::Error::Msg(format!("loading {}: {e}", files.weights[0].display()))
-            })?;
+        let vb = files.var_builder(dtype, device)?;
         Self::new(&cfg, vb).map_err(|e| {
             candle_core::Error::Msg(format!(
                 "building the UMT5 encoder from {}: {e}",
