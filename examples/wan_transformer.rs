@@ -7,6 +7,9 @@
 //! # one TI2V-5B forward at 1280×704, 121 frames (latent 31×44×80), first 4 of 30 layers
 //! cargo run --release --features cuda --example wan_transformer -- --device cuda \
 //!     --model ti2v-5b --layers 4 --grid 31x44x80 --attn exact,fused-mxfp8
+//! # where a block's time goes, fused vs Candle's op-by-op elementwise chain
+//! cargo run --release --features cuda --example wan_transformer -- --device cuda \
+//!     --model t2v-a14b --layers 2 --grid 21x90x160 --elementwise both --profile-stages
 //! ```
 
 use anyhow::{bail, Result};
@@ -15,6 +18,7 @@ use clap::Parser;
 use mxattn::attention::{Algorithm, AttentionConfig};
 use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
 use mxattn::models::qwen3::schedule::layer_preset;
+use mxattn::models::wan::profile;
 use mxattn::models::wan::transformer::{TransformerConfig, WanTransformer};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +54,14 @@ struct Args {
     attn: String,
     #[arg(long, default_value_t = 2)]
     reps: usize,
+    /// Elementwise ops around attention: fused (mxattn::fused, the default), unfused (Candle's
+    /// op-by-op chain) or both (each timed; outputs compared).
+    #[arg(long, default_value = "fused", value_parser = ["fused", "unfused", "both"])]
+    elementwise: String,
+    /// After the timed reps, run one more forward with every block stage timed between device
+    /// synchronizations and print the table (seconds per forward, share).
+    #[arg(long)]
+    profile_stages: bool,
 }
 
 fn sync(d: &Device) -> Result<()> {
@@ -115,7 +127,7 @@ fn main() -> Result<()> {
     };
     let dtype = parse_dtype(&a.dtype)?;
     let t0 = Instant::now();
-    let m = WanTransformer::random(&cfg, dtype, &dev, 0)?;
+    let mut m = WanTransformer::random(&cfg, dtype, &dev, 0)?;
     sync(&dev)?;
     let n = m.num_tokens(f, h, w);
     println!(
@@ -133,7 +145,18 @@ fn main() -> Result<()> {
         Tensor::new(&[800f32], &dev)?
     };
     let mut reference: Option<Tensor> = None;
-    for name in a.attn.split(',') {
+    let variants: &[bool] = match a.elementwise.as_str() {
+        "fused" => &[true],
+        "unfused" => &[false],
+        _ => &[false, true],
+    };
+    for (name, fused) in a
+        .attn
+        .split(',')
+        .flat_map(|n| variants.iter().map(move |f| (n, *f)))
+    {
+        m.set_fused_elementwise(fused);
+        let label = format!("{name}{}", if fused { "" } else { " unfused" });
         let spec = layer_preset(name)?;
         let mut cfg_attn = spec.attn;
         // qwen3 moves the Hadamard rotation into the model for its KV cache; without a
@@ -170,12 +193,34 @@ fn main() -> Result<()> {
             None => String::new(),
         };
         println!(
-            "  {name:>12}: forward {best:.3}s ({:.3}s/block, ~{:.1}s for all {full_layers} blocks), finite {finite}{rel}",
+            "  {label:>20}: forward {best:.3}s ({:.3}s/block, ~{:.1}s for all {full_layers} blocks), finite {finite}{rel}",
             best / cfg.num_layers as f64,
             best / cfg.num_layers as f64 * full_layers as f64
         );
         if reference.is_none() {
             reference = Some(out);
+        }
+        if a.profile_stages {
+            profile::set_stages(true);
+            let s = Instant::now();
+            m.forward(&latents, &t, &text, &cfg_attn, 0, 0)?;
+            sync(&dev)?;
+            let total = s.elapsed().as_secs_f64();
+            profile::set_stages(false);
+            let stages = profile::take_stages();
+            let staged: f64 = stages.iter().map(|s| s.1).sum();
+            println!("    | stage | s per forward | calls | share |\n    |---|---|---|---|");
+            for (stage, secs, calls) in &stages {
+                println!(
+                    "    | {stage} | {secs:.4} | {calls} | {:.1} % |",
+                    100.0 * secs / total
+                );
+            }
+            println!(
+                "    | outside the stages (embeddings, head, launch gaps) | {:.4} | | {:.1} % |",
+                total - staged,
+                100.0 * (total - staged) / total
+            );
         }
     }
     Ok(())

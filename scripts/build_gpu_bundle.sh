@@ -15,9 +15,9 @@ for l in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'gpu':
         print(m['executable'])")
 cp "$bin" .gpu/gpu
-cargo build --release --features cuda --example bench_gpu --example qwen3 --example wan22 --bin wan_fidelity
-for e in bench_gpu qwen3 wan22; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; done
+cargo build --release --features cuda --example bench_gpu --example qwen3 --example wan22 --example wan_transformer --bin wan_fidelity
+for e in bench_gpu qwen3 wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; done
 cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity
-strip .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_fidelity
-xz -T2 -6 -f .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_fidelity
+strip .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_transformer .gpu/wan_fidelity
+xz -T2 -6 -f .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_transformer .gpu/wan_fidelity
 ls -la .gpu

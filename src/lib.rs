@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod attention;
+pub mod fused;
 pub mod baselines;
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]

@@ -518,3 +518,117 @@ fn decode_kernel_matches_the_dequantized_reference() {
     }
     println!("decode kernel: worst row relative difference {worst:.2e}");
 }
+
+/// Every fused elementwise op (`mxattn::fused`) on one device, over inputs made on the CPU:
+/// `(what, output)` pairs. Shapes are ragged (d not a multiple of the 256-thread block), the
+/// modulation is per sample (a strided view, as the Wan block takes it) or per token.
+fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)> {
+    use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, SplitHeads};
+    let (b, n, heads, hd) = (2, 37, 3, 130);
+    let d = heads * hd;
+    // uniform in [-1.7, 2.3) from a fixed LCG: the same values for both devices
+    let r = |shape: &[usize], s: u64, dt: DType| {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ s.wrapping_add(1);
+        let v: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 1.7
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dt)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    };
+    let x = r(&[b, n, d], 0, dtype);
+    let y = r(&[b, n, d], 1, dtype);
+    let table = r(&[b, 1, 6, d], 2, DType::F32);
+    let part = |i: usize| table.narrow(2, i, 1).unwrap().squeeze(2).unwrap();
+    let per_token = r(&[b, n, d], 3, DType::F32);
+    let (w, bias) = (r(&[d], 4, DType::F32), r(&[d], 5, DType::F32));
+    let wd = r(&[d], 6, dtype);
+    let bd = r(&[d], 7, dtype);
+    let cos = r(&[n, hd / 2], 8, DType::F32).cos().unwrap();
+    let sin = r(&[n, hd / 2], 8, DType::F32).sin().unwrap();
+    let mut out = vec![];
+    let mut put = |what: &str, t: candle_core::Result<Tensor>| {
+        out.push((format!("{what} {dtype:?}"), t.unwrap()));
+    };
+    put("ln", ada_layer_norm(&x, None, None, 1e-6));
+    put("ln affine", ada_layer_norm(&x, Some((&w, &bias)), None, 1e-6));
+    put(
+        "ln modulated per sample",
+        ada_layer_norm(&x, None, Some((&part(0), &part(1))), 1e-6),
+    );
+    put(
+        "ln modulated per token",
+        ada_layer_norm(&x, Some((&w, &bias)), Some((&per_token, &part(4))), 1e-5),
+    );
+    put("split plain", split_heads(&x, heads, &SplitHeads::default()));
+    let full = SplitHeads {
+        bias: Some(&bd),
+        rms_weight: Some(&wd),
+        eps: 1e-6,
+        rope: Some((&cos, &sin)),
+    };
+    put("split bias+norm+rope", split_heads(&x, heads, &full));
+    put("residual", bias_residual(&x, &y, None, None));
+    put(
+        "residual bias gated",
+        bias_residual(&x, &y, Some(&bd), Some(&part(2))),
+    );
+    put(
+        "residual per-token gate",
+        bias_residual(&x, &y, Some(&bd), Some(&per_token)),
+    );
+    put("gelu", bias_gelu(&x, None));
+    put("bias gelu", bias_gelu(&x, Some(&bd)));
+    out
+}
+
+/// The CUDA kernels of the fused ops against their CPU implementations. The arithmetic is the
+/// same up to the order of the row sums (f64 on the CPU, an f32 tree on the GPU) and the f32
+/// `tanh`: f32 outputs agree to 2e-5 relative (of the row's largest value), bf16 and f16 ones
+/// to one rounding step of the stored value.
+#[test]
+fn fused_ops_match_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    for (dtype, seed) in [(DType::F32, 10), (DType::BF16, 20), (DType::F16, 30)] {
+        let cpu = fused_outputs(&Device::Cpu, dtype, seed);
+        let gpu = fused_outputs(&dev, dtype, seed);
+        for ((what, c), (_, g)) in cpu.iter().zip(&gpu) {
+            assert_eq!(c.dims(), g.dims(), "{what}");
+            let (c, g) = (vec_f32(c), vec_f32(g));
+            let scale = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let step = match dtype {
+                DType::F32 => 0.0,
+                DType::BF16 => 1.0 / 128.0,
+                _ => 1.0 / 1024.0,
+            };
+            let mut worst = 0f32;
+            for (a, b) in c.iter().zip(&g) {
+                assert!(b.is_finite(), "{what}: non-finite GPU output");
+                let bound = 2e-5 * scale + step * a.abs().max(b.abs());
+                assert!(
+                    (a - b).abs() <= bound,
+                    "{what}: cpu {a} gpu {b} (bound {bound})"
+                );
+                worst = worst.max((a - b).abs() / scale);
+            }
+            println!("fused {what}: worst |gpu − cpu| / max = {worst:.2e}");
+        }
+    }
+}
+
+/// The fused ops under compute-sanitizer (named for scripts/gpu_check.sh's filter).
+#[test]
+fn sanitizer_small_fused() {
+    let Some(dev) = gpu() else { return };
+    for (what, t) in fused_outputs(&dev, DType::BF16, 40) {
+        assert!(vec_f32(&t).iter().all(|v| v.is_finite()), "{what}");
+    }
+}

@@ -464,3 +464,38 @@ fn f16_and_random_models() {
     assert_eq!(max_abs_diff(&x, &y), 0.0);
     assert!(mean_abs(&x) > 1e-3);
 }
+
+/// The fused elementwise ops (the default) against Candle's op-by-op chain on both fixture
+/// models: equal up to f32 rounding in f32. In bf16 both round to bf16 at the same points
+/// (projection outputs, norm outputs, block outputs), so they sit at the same distance from the
+/// f32 output up to which way single roundings fall: within 10 % of each other.
+#[test]
+fn fused_elementwise_matches_the_op_by_op_chain() {
+    for name in ["a14b", "ti2v5b"] {
+        let c = case(name);
+        let mut m = load(name);
+        let fused = run(&m, &c, &exact());
+        m.set_fused_elementwise(false);
+        let chain = run(&m, &c, &exact());
+        let d = max_abs_diff(&fused, &chain);
+        assert!(d < 1e-5, "{name} f32: max |fused − chain| = {d:e}");
+
+        let mut m16 =
+            WanTransformer::load(fixtures().join(name), DType::BF16, &DEV).unwrap();
+        let fused16 = run(&m16, &c, &exact());
+        m16.set_fused_elementwise(false);
+        let chain16 = run(&m16, &c, &exact());
+        let rel = |a: &Tensor| {
+            let a = a.to_dtype(DType::F32).unwrap();
+            let num = (&a - &fused).unwrap().sqr().unwrap().sum_all().unwrap();
+            let den = fused.sqr().unwrap().sum_all().unwrap();
+            (num.to_scalar::<f32>().unwrap() / den.to_scalar::<f32>().unwrap()).sqrt()
+        };
+        let (ef, ec) = (rel(&fused16), rel(&chain16));
+        println!("{name} bf16 rel. L2 vs f32: fused {ef:.3e}, op-by-op {ec:.3e}");
+        assert!(
+            ef <= ec * 1.1 && ec <= ef * 1.1,
+            "{name}: fused bf16 {ef:e} vs op-by-op bf16 {ec:e}"
+        );
+    }
+}

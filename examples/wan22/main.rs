@@ -113,6 +113,10 @@ struct Args {
     /// Skip the VAE decode (speed runs of the denoiser).
     #[arg(long)]
     no_decode: bool,
+    /// Record the largest |value| after each VAE decoder stage (a device synchronization per
+    /// stage), print them, and name the first stage that produces a non-finite value.
+    #[arg(long)]
+    vae_trace: bool,
     /// Time every transformer attention call (synchronizes the device) for the share of
     /// time spent in attention.
     #[arg(long)]
@@ -195,7 +199,7 @@ fn run(a: Args) -> Result<()> {
     };
 
     let t_load = Instant::now();
-    let pipe = if a.random_weights {
+    let mut pipe = if a.random_weights {
         println!("building {variant} with random weights on {device:?} in {dtype:?} …");
         WanPipeline::random(
             variant,
@@ -214,6 +218,7 @@ fn run(a: Args) -> Result<()> {
         WanPipeline::load(&dir, dtype, vae_dtype, &device)
             .with_context(|| format!("loading the pipeline from {}", dir.display()))?
     };
+    pipe.vae.set_trace(a.vae_trace);
     let variant = pipe.variant();
     println!(
         "loaded {variant} ({} expert(s)) in {:.1} s",
@@ -394,6 +399,12 @@ fn run(a: Args) -> Result<()> {
             stats.peak_activation_bytes as f64 / 1048576.0,
             stats.cache_bytes as f64 / 1048576.0
         );
+        if a.vae_trace {
+            println!("VAE stages, largest |value| over all frames:");
+            for (stage, m) in &stats.stage_absmax {
+                println!("  {stage:<16} {m:.4e}");
+            }
+        }
         for w in &written {
             println!("wrote {w}");
         }

@@ -100,6 +100,64 @@ pub struct DecodeParams {
 }
 
 extern "C" {
+    // fused elementwise ops (kernels/ada_layer_norm.cu, split_heads.cu, bias_residual.cu,
+    // bias_gelu.cu); dtype 0 f32, 1 bf16, 2 f16; null pointers for absent parts
+    pub fn mxa_ada_layer_norm(
+        x: *const c_void,
+        y: *mut c_void,
+        dtype: i32,
+        rows: i64,
+        n: i64,
+        d: i64,
+        w: *const f32,
+        b: *const f32,
+        shift: *const f32,
+        sh_b: i64,
+        sh_n: i64,
+        scale: *const f32,
+        sc_b: i64,
+        sc_n: i64,
+        eps: f32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_split_heads(
+        t: *const c_void,
+        y: *mut c_void,
+        dtype: i32,
+        rows: i64,
+        n: i64,
+        heads: i64,
+        hd: i64,
+        bias: *const c_void,
+        norm_w: *const c_void,
+        eps: f32,
+        cos: *const f32,
+        sin: *const f32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_bias_residual(
+        x: *const c_void,
+        y: *const c_void,
+        out: *mut c_void,
+        dtype: i32,
+        rows: i64,
+        n: i64,
+        d: i64,
+        bias: *const c_void,
+        gate: *const f32,
+        g_b: i64,
+        g_n: i64,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_bias_gelu(
+        t: *const c_void,
+        out: *mut c_void,
+        dtype: i32,
+        rows: i64,
+        d: i64,
+        bias: *const c_void,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_decode_splits(n: i32) -> i32;
     pub fn mxa_decode_supported(d: i32, hq: i32, hkv: i32, sq: i32) -> i32;
     pub fn mxa_attention_decode(p: *const DecodeParams, stream: Stream) -> i32;

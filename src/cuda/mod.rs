@@ -3,4 +3,5 @@
 pub(crate) mod attention;
 pub(crate) mod decode;
 pub(crate) mod ffi;
+pub(crate) mod fused;
 pub(crate) mod mx;

@@ -41,3 +41,38 @@ pub fn timed<T>(device: &Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
     CALLS.fetch_add(1, Ordering::Relaxed);
     Ok(out)
 }
+
+static STAGES_ON: AtomicBool = AtomicBool::new(false);
+static STAGES: std::sync::Mutex<Vec<(&'static str, f64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Turns the per-stage timing of the transformer blocks ([`stage`]) on or off.
+pub fn set_stages(on: bool) {
+    STAGES_ON.store(on, Ordering::Relaxed);
+}
+
+/// Runs `f` as the stage `name` of a block: when stage timing is on, its device-synchronized
+/// time is added to that stage's total (in first-seen order).
+pub fn stage<T>(device: &Device, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !STAGES_ON.load(Ordering::Relaxed) {
+        return f();
+    }
+    device.synchronize()?;
+    let t0 = Instant::now();
+    let out = f()?;
+    device.synchronize()?;
+    let dt = t0.elapsed().as_secs_f64();
+    let mut s = STAGES.lock().unwrap_or_else(|e| e.into_inner());
+    match s.iter_mut().find(|e| e.0 == name) {
+        Some(e) => {
+            e.1 += dt;
+            e.2 += 1;
+        }
+        None => s.push((name, dt, 1)),
+    }
+    Ok(out)
+}
+
+/// `(stage, seconds, calls)` since the last call, in first-seen order; resets them.
+pub fn take_stages() -> Vec<(&'static str, f64, u64)> {
+    std::mem::take(&mut *STAGES.lock().unwrap_or_else(|e| e.into_inner()))
+}

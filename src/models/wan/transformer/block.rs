@@ -8,6 +8,8 @@
 use super::rope::RopeTables;
 use crate::attention::{attention, AttentionConfig};
 use crate::models::wan::{AttnKind, AttnPolicy, AttnSite};
+use crate::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, SplitHeads};
+use crate::models::wan::profile::stage;
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
@@ -19,6 +21,15 @@ pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
     ))
 }
 
+/// `x [b, n, in] · Wᵀ` of a linear layer, without its bias (the fused ops add it).
+pub(crate) fn matmul(x: &Tensor, l: &Linear) -> Result<Tensor> {
+    let (b, n, i) = x.dims3()?;
+    let w = l.weight();
+    x.reshape((b * n, i))?
+        .matmul(&w.t()?)?
+        .reshape((b, n, w.dim(0)?))
+}
+
 /// A LayerNorm over the last dim, run in f32 (diffusers' `FP32LayerNorm`); the norms without
 /// affine parameters hold weight 1 and bias 0 so that all use candle's fused kernel.
 #[derive(Clone, Debug)]
@@ -26,6 +37,8 @@ pub struct LnParams {
     pub weight: Tensor,
     pub bias: Tensor,
     pub eps: f32,
+    /// False for the plain norms (weight 1, bias 0), which the fused op skips.
+    pub affine: bool,
 }
 
 impl LnParams {
@@ -35,6 +48,7 @@ impl LnParams {
             weight: Tensor::ones(dim, DType::F32, dev)?,
             bias: Tensor::zeros(dim, DType::F32, dev)?,
             eps: eps as f32,
+            affine: false,
         })
     }
 
@@ -45,6 +59,7 @@ impl LnParams {
             weight: vb.get(dim, "weight")?,
             bias: vb.get(dim, "bias")?,
             eps: eps as f32,
+            affine: true,
         })
     }
 
@@ -67,6 +82,14 @@ impl LnParams {
             .broadcast_mul(&(scale + 1.0)?)?
             .broadcast_add(shift)?
             .to_dtype(dtype)
+    }
+}
+
+impl LnParams {
+    /// The fused [`LnParams::modulate`] (or, without `shift`/`scale`, `LN(x)` in x's dtype).
+    pub fn forward_fused(&self, x: &Tensor, modulation: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+        let affine = self.affine.then_some((&self.weight, &self.bias));
+        ada_layer_norm(x, affine, modulation, self.eps)
     }
 }
 
@@ -117,6 +140,64 @@ impl WanAttention {
             .contiguous()
     }
 
+    /// `x [b, n, dim]` attends to `ctx [b, l, dim]` (itself when `None`) through the fused
+    /// elementwise ops ([`crate::fused`]). The output projection's bias is left to the caller's
+    /// residual add: returns `o·W_outᵀ` without it.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        ctx: Option<&Tensor>,
+        rope: Option<&RopeTables>,
+        cfg: &AttentionConfig,
+    ) -> Result<Tensor> {
+        let dev = x.device();
+        let kv_in = ctx.unwrap_or(x);
+        let (q, k, v) = stage(dev, "q/k/v projections", || {
+            Ok((
+                matmul(x, &self.to_q)?,
+                matmul(kv_in, &self.to_k)?,
+                matmul(kv_in, &self.to_v)?,
+            ))
+        })?;
+        let (q, k, v) = stage(dev, "head split (bias, RMSNorm, RoPE)", || {
+            let normed = |t: &Tensor, l: &Linear, w: &Tensor| {
+                let opts = SplitHeads {
+                    bias: l.bias(),
+                    rms_weight: Some(w),
+                    eps: self.eps,
+                    rope: rope.map(|r| (&r.cos, &r.sin)),
+                };
+                split_heads(t, self.heads, &opts)
+            };
+            let plain = SplitHeads {
+                bias: self.to_v.bias(),
+                ..Default::default()
+            };
+            Ok((
+                normed(&q, &self.to_q, &self.norm_q)?,
+                normed(&k, &self.to_k, &self.norm_k)?,
+                split_heads(&v, self.heads, &plain)?,
+            ))
+        })?;
+        let name = if ctx.is_some() {
+            "cross-attention"
+        } else {
+            "self-attention"
+        };
+        let o = stage(dev, name, || {
+            super::super::profile::timed(dev, || attention(&q, &k, &v, cfg))
+        })?;
+        let o = stage(dev, "merge heads", || self.merge_heads(&o))?;
+        stage(dev, "output projection", || matmul(&o, &self.to_out))
+    }
+
+    /// `[b, heads, n, head_dim]` → `[b, n, dim]`, contiguous.
+    fn merge_heads(&self, o: &Tensor) -> Result<Tensor> {
+        let (b, _, n, _) = o.dims4()?;
+        o.transpose(1, 2)?
+            .reshape((b, n, self.heads * self.head_dim))
+    }
+
     /// `x [b, n, dim]` attends to `ctx [b, l, dim]` (itself when `None`).
     pub fn forward(
         &self,
@@ -125,25 +206,41 @@ impl WanAttention {
         rope: Option<&RopeTables>,
         cfg: &AttentionConfig,
     ) -> Result<Tensor> {
+        let dev = x.device();
         let kv_in = ctx.unwrap_or(x);
-        let q = candle_nn::ops::rms_norm(&self.to_q.forward(x)?, &self.norm_q, self.eps)?;
-        let k = candle_nn::ops::rms_norm(&self.to_k.forward(kv_in)?, &self.norm_k, self.eps)?;
-        let v = self.to_v.forward(kv_in)?;
-        let (mut q, mut k, v) = (
-            self.split_heads(&q)?,
-            self.split_heads(&k)?,
-            self.split_heads(&v)?,
-        );
+        let (q, k, v) = stage(dev, "q/k/v projections", || {
+            Ok((
+                self.to_q.forward(x)?,
+                self.to_k.forward(kv_in)?,
+                self.to_v.forward(kv_in)?,
+            ))
+        })?;
+        let (q, k) = stage(dev, "RMSNorm q, k", || {
+            Ok((
+                candle_nn::ops::rms_norm(&q, &self.norm_q, self.eps)?,
+                candle_nn::ops::rms_norm(&k, &self.norm_k, self.eps)?,
+            ))
+        })?;
+        let (mut q, mut k, v) = stage(dev, "head split copies", || {
+            Ok((
+                self.split_heads(&q)?,
+                self.split_heads(&k)?,
+                self.split_heads(&v)?,
+            ))
+        })?;
         if let Some(r) = rope {
-            q = r.apply(&q)?;
-            k = r.apply(&k)?;
+            (q, k) = stage(dev, "RoPE (f32)", || Ok((r.apply(&q)?, r.apply(&k)?)))?;
         }
-        let o = super::super::profile::timed(q.device(), || attention(&q, &k, &v, cfg))?;
-        let (b, _, n, _) = o.dims4()?;
-        let o = o
-            .transpose(1, 2)?
-            .reshape((b, n, self.heads * self.head_dim))?;
-        self.to_out.forward(&o)
+        let name = if ctx.is_some() {
+            "cross-attention"
+        } else {
+            "self-attention"
+        };
+        let o = stage(dev, name, || {
+            super::super::profile::timed(dev, || attention(&q, &k, &v, cfg))
+        })?;
+        let o = stage(dev, "merge heads", || self.merge_heads(&o))?;
+        stage(dev, "output projection", || self.to_out.forward(&o))
     }
 }
 
@@ -163,6 +260,18 @@ impl FeedForward {
     }
 }
 
+impl FeedForward {
+    /// Up projection, bias + GELU fused, down projection without its bias (returned for the
+    /// caller's residual add).
+    fn forward_fused(&self, x: &Tensor) -> Result<(Tensor, Option<&Tensor>)> {
+        let dev = x.device();
+        let u = stage(dev, "FFN up projection", || matmul(x, &self.up))?;
+        let u = stage(dev, "FFN bias + GELU", || bias_gelu(&u, self.up.bias()))?;
+        let y = stage(dev, "FFN down projection", || matmul(&u, &self.down))?;
+        Ok((y, self.down.bias()))
+    }
+}
+
 impl Module for FeedForward {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.down.forward(&self.up.forward(x)?.gelu()?)
@@ -176,6 +285,8 @@ pub struct BlockCall<'a> {
     pub expert: usize,
     pub step: usize,
     pub layer: usize,
+    /// The fused elementwise ops ([`crate::fused`]) rather than Candle's op-by-op chain.
+    pub fused: bool,
 }
 
 impl BlockCall<'_> {
@@ -257,29 +368,84 @@ impl WanBlock {
         rope: &RopeTables,
         call: BlockCall,
     ) -> Result<Tensor> {
+        if call.fused {
+            return self.forward_fused(x, ctx, e0, rope, call);
+        }
         let dtype = x.dtype();
         let m = self.scale_shift_table.broadcast_add(e0)?;
         let part = |i: usize| m.narrow(2, i, 1)?.squeeze(2);
         let (shift, scale, gate) = (part(0)?, part(1)?, part(2)?);
         let (c_shift, c_scale, c_gate) = (part(3)?, part(4)?, part(5)?);
+        let dev = x.device();
 
-        let h = self.norm1.modulate(x, &shift, &scale, dtype)?;
+        let h = stage(dev, "norm + modulation", || {
+            self.norm1.modulate(x, &shift, &scale, dtype)
+        })?;
         let a = call.run(AttnKind::SelfAttn, |cfg| {
             self.attn1.forward(&h, None, Some(rope), cfg)
         })?;
-        let x = gated_add(x, &a, &gate)?;
+        let x = stage(dev, "residual adds", || gated_add(x, &a, &gate))?;
 
-        let h = match &self.norm2 {
-            Some(n) => n.forward_f32(&x)?.to_dtype(dtype)?,
-            None => x.clone(),
-        };
+        let h = stage(dev, "norm + modulation", || match &self.norm2 {
+            Some(n) => n.forward_f32(&x)?.to_dtype(dtype),
+            None => Ok(x.clone()),
+        })?;
         let a = call.run(AttnKind::CrossAttn, |cfg| {
             self.attn2.forward(&h, Some(ctx), None, cfg)
         })?;
-        let x = (x + a)?;
+        let x = stage(dev, "residual adds", || x + a)?;
 
-        let h = self.norm3.modulate(&x, &c_shift, &c_scale, dtype)?;
-        let f = self.ffn.forward(&h)?;
-        gated_add(&x, &f, &c_gate)
+        let h = stage(dev, "norm + modulation", || {
+            self.norm3.modulate(&x, &c_shift, &c_scale, dtype)
+        })?;
+        let f = stage(dev, "FFN (unfused)", || self.ffn.forward(&h))?;
+        stage(dev, "residual adds", || gated_add(&x, &f, &c_gate))
+    }
+
+    /// [`WanBlock::forward`] through the fused elementwise ops: LayerNorm and modulation, the
+    /// heads' bias/RMSNorm/RoPE/split, the FFN's bias + GELU and the biased, gated residual
+    /// adds each take one pass.
+    fn forward_fused(
+        &self,
+        x: &Tensor,
+        ctx: &Tensor,
+        e0: &Tensor,
+        rope: &RopeTables,
+        call: BlockCall,
+    ) -> Result<Tensor> {
+        let dev = x.device();
+        let m = self.scale_shift_table.broadcast_add(e0)?;
+        let part = |i: usize| m.narrow(2, i, 1)?.squeeze(2);
+        let (shift, scale, gate) = (part(0)?, part(1)?, part(2)?);
+        let (c_shift, c_scale, c_gate) = (part(3)?, part(4)?, part(5)?);
+
+        let h = stage(dev, "norm + modulation", || {
+            self.norm1.forward_fused(x, Some((&shift, &scale)))
+        })?;
+        let a = call.run(AttnKind::SelfAttn, |cfg| {
+            self.attn1.forward_fused(&h, None, Some(rope), cfg)
+        })?;
+        let x = stage(dev, "residual adds", || {
+            bias_residual(x, &a, self.attn1.to_out.bias(), Some(&gate))
+        })?;
+
+        let h = match &self.norm2 {
+            Some(n) => stage(dev, "norm + modulation", || n.forward_fused(&x, None))?,
+            None => x.clone(),
+        };
+        let a = call.run(AttnKind::CrossAttn, |cfg| {
+            self.attn2.forward_fused(&h, Some(ctx), None, cfg)
+        })?;
+        let x = stage(dev, "residual adds", || {
+            bias_residual(&x, &a, self.attn2.to_out.bias(), None)
+        })?;
+
+        let h = stage(dev, "norm + modulation", || {
+            self.norm3.forward_fused(&x, Some((&c_shift, &c_scale)))
+        })?;
+        let (f, f_bias) = self.ffn.forward_fused(&h)?;
+        stage(dev, "residual adds", || {
+            bias_residual(&x, &f, f_bias, Some(&c_gate))
+        })
     }
 }

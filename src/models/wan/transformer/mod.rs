@@ -78,6 +78,8 @@ pub struct WanTransformer {
     /// `[1, freq_dim/2]` f32 frequencies of the sinusoidal timestep embedding.
     time_freqs: Tensor,
     rope: WanRope,
+    /// Whether the blocks run the fused elementwise ops ([`crate::fused`]); on by default.
+    fused: bool,
     dtype: DType,
     device: Device,
 }
@@ -141,6 +143,7 @@ impl WanTransformer {
             scale_shift_table: vb32.get((1, 2, dim), "scale_shift_table")?.unsqueeze(0)?,
             time_freqs,
             rope: WanRope::new(cfg),
+            fused: true,
             cfg: cfg.clone(),
             dtype,
             device,
@@ -216,6 +219,12 @@ impl WanTransformer {
             tensors.insert(name, t);
         }
         Self::new(cfg, VarBuilder::from_tensors(tensors, dtype, device))
+    }
+
+    /// Runs the blocks with Candle's op-by-op elementwise chain (`false`) instead of the fused
+    /// ops (`true`, the default): for measuring what the fusion saves, and as its reference.
+    pub fn set_fused_elementwise(&mut self, on: bool) {
+        self.fused = on;
     }
 
     pub fn config(&self) -> &TransformerConfig {
@@ -378,6 +387,7 @@ impl WanTransformer {
                 expert,
                 step,
                 layer,
+                fused: self.fused,
             };
             x = block.forward(&x, &ctx, &e0, &rope, call)?;
         }
@@ -388,7 +398,11 @@ impl WanTransformer {
             m.narrow(2, 0, 1)?.squeeze(2)?,
             m.narrow(2, 1, 1)?.squeeze(2)?,
         );
-        let x = self.norm_out.modulate(&x, &shift, &scale, self.dtype)?;
+        let x = if self.fused {
+            self.norm_out.forward_fused(&x, Some((&shift, &scale)))?
+        } else {
+            self.norm_out.modulate(&x, &shift, &scale, self.dtype)?
+        };
         self.unpatchify(&self.proj_out.forward(&x)?, grid)
     }
 }

@@ -4,6 +4,7 @@
 use super::blocks::{MidBlock, UpBlock};
 use super::config::VaeConfig;
 use super::conv::{CausalConv3d, FeatCache, RmsNorm};
+use super::DecodeStats;
 use crate::models::wan::AttnPolicy;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -53,30 +54,37 @@ impl Decoder3d {
         &self.mid
     }
 
-    /// One chunk `[b, t, z, h, w]` → `[b, t', out_channels, H, W]`; `peak` is raised to the
-    /// largest activation (bytes) between blocks.
+    /// One chunk `[b, t, z, h, w]` → `[b, t', out_channels, H, W]`; `stats` gets the largest
+    /// activation (bytes) between blocks and, when tracing, each stage's largest |value|.
     pub fn forward(
         &self,
         x: &Tensor,
         cache: &mut FeatCache,
         first_chunk: bool,
         policy: &dyn AttnPolicy,
-        peak: &mut usize,
+        stats: &mut DecodeStats,
     ) -> Result<Tensor> {
-        let mut track = |t: &Tensor| {
-            *peak = (*peak).max(t.elem_count() * t.dtype().size_in_bytes());
-        };
         let x = self.conv_in.forward_cached(x, cache)?;
-        track(&x);
+        stats.note("conv_in", &x)?;
         let mut x = self.mid.forward(&x, cache, policy)?;
-        track(&x);
-        for b in &self.up_blocks {
+        stats.note("mid block", &x)?;
+        for (i, b) in self.up_blocks.iter().enumerate() {
             x = b.forward(&x, cache, first_chunk)?;
-            track(&x);
+            stats.note(UP_NAMES.get(i).copied().unwrap_or("up block"), &x)?;
         }
         let x = self.norm_out.forward(&x)?.silu()?;
+        stats.note("norm_out + SiLU", &x)?;
         let x = self.conv_out.forward_cached(&x, cache)?;
-        track(&x);
+        stats.note("conv_out", &x)?;
         Ok(x)
     }
 }
+
+const UP_NAMES: [&str; 6] = [
+    "up block 0",
+    "up block 1",
+    "up block 2",
+    "up block 3",
+    "up block 4",
+    "up block 5",
+];

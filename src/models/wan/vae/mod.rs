@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// What one decode did, for memory reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct DecodeStats {
     /// Latent frames decoded (one chunk each).
     pub chunks: usize,
@@ -58,6 +58,41 @@ pub struct DecodeStats {
     pub cache_bytes: usize,
     /// Cached layers.
     pub cache_slots: usize,
+    /// With [`WanVae::set_trace`]: each decoder stage's largest |value| over the chunks, in
+    /// stage order (NaN once a stage produced a non-finite value).
+    pub stage_absmax: Vec<(&'static str, f32)>,
+    /// With tracing: the first `(chunk, stage)` whose output held a non-finite value.
+    pub first_non_finite: Option<(usize, &'static str)>,
+    tracing: bool,
+}
+
+impl DecodeStats {
+    /// Records a stage's output: its size, and when tracing its largest |value| (a device
+    /// synchronization per stage, so only on request).
+    pub(crate) fn note(&mut self, stage: &'static str, t: &Tensor) -> Result<()> {
+        self.peak_activation_bytes = self
+            .peak_activation_bytes
+            .max(t.elem_count() * t.dtype().size_in_bytes());
+        if !self.tracing {
+            return Ok(());
+        }
+        let t32 = t.to_dtype(DType::F32)?;
+        // 0·x is 0 for finite x and NaN otherwise
+        let finite = (&t32 * 0.0)?.abs()?.sum_all()?.to_scalar::<f32>()? == 0.0;
+        let m = if finite {
+            t32.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?
+        } else {
+            if self.first_non_finite.is_none() {
+                self.first_non_finite = Some((self.chunks, stage));
+            }
+            f32::NAN
+        };
+        match self.stage_absmax.iter_mut().find(|e| e.0 == stage) {
+            Some(e) => e.1 = if e.1.is_nan() || m.is_nan() { f32::NAN } else { e.1.max(m) },
+            None => self.stage_absmax.push((stage, m)),
+        }
+        Ok(())
+    }
 }
 
 /// A Wan VAE decoder with its `post_quant_conv` and latent statistics.
@@ -72,9 +107,16 @@ pub struct WanVae {
     inv_std: Tensor,
     dtype: DType,
     device: Device,
+    trace: bool,
 }
 
 impl WanVae {
+    /// Records each decoder stage's largest |value| and the first non-finite one in the
+    /// [`DecodeStats`] of later decodes (costs a synchronization per stage).
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on;
+    }
+
     /// Builds the decode path of `cfg` from `vb` (diffusers names: `post_quant_conv.*`,
     /// `decoder.*`).
     pub fn new(cfg: &VaeConfig, vb: VarBuilder) -> Result<Self> {
@@ -101,6 +143,7 @@ impl WanVae {
             cfg: cfg.clone(),
             dtype,
             device,
+            trace: false,
         })
     }
 
@@ -258,19 +301,30 @@ impl WanVae {
         let z = z.to_dtype(self.dtype)?;
         let f = z.dim(2)?;
         let mut cache = FeatCache::new();
-        let mut stats = DecodeStats::default();
+        let mut stats = DecodeStats {
+            tracing: self.trace,
+            ..Default::default()
+        };
+        stats.note("latents", &z)?;
         for i in 0..f {
             cache.begin_chunk();
             // [b, z, 1, h, w] → frames-major [b, 1, z, h, w]
             let x = z.narrow(2, i, 1)?.transpose(1, 2)?.contiguous()?;
             let x = self.post_quant_conv.forward(&x, None)?;
-            let y = self.decoder.forward(
-                &x,
-                &mut cache,
-                i == 0,
-                policy,
-                &mut stats.peak_activation_bytes,
-            )?;
+            stats.note("post_quant_conv", &x)?;
+            let y = self.decoder.forward(&x, &mut cache, i == 0, policy, &mut stats)?;
+            if let Some((chunk, stage)) = stats.first_non_finite {
+                let seen: Vec<String> = stats
+                    .stage_absmax
+                    .iter()
+                    .map(|(s, m)| format!("{s} {m:.3e}"))
+                    .collect();
+                bail!(
+                    "VAE decode: latent frame {chunk}: the decoder's {stage} produced non-finite \
+                     values (largest |value| per stage over the frames so far: {})",
+                    seen.join(", ")
+                );
+            }
             let y = unpatchify(&y, self.cfg.patch())?
                 .clamp(-1f32, 1f32)?
                 .transpose(1, 2)?
