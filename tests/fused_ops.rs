@@ -4,7 +4,7 @@
 //! and clear errors for bad input.
 
 use candle_core::{DType, Device, Tensor};
-use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, SplitHeads};
+use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
 
 const DEV: Device = Device::Cpu;
 
@@ -67,12 +67,31 @@ fn ada_layer_norm_matches_candle_layer_norm_then_modulation() {
         (ada_layer_norm(&x, None, None, 1e-6), ln(&ones, &zeros)),
         (ada_layer_norm(&x, Some((&w, &b)), None, 1e-6), ln(&w, &b)),
         (
-            ada_layer_norm(&x, None, Some((&shift, &scale)), 1e-6),
+            ada_layer_norm(&x, None, Some((Rows::of(&shift), Rows::of(&scale))), 1e-6),
             modulate(ln(&ones, &zeros), &shift, &scale),
         ),
         (
-            ada_layer_norm(&x, Some((&w, &b)), Some((&per_token, &scale)), 1e-6),
+            ada_layer_norm(
+                &x,
+                Some((&w, &b)),
+                Some((Rows::of(&per_token), Rows::of(&scale))),
+                1e-6,
+            ),
             modulate(ln(&w, &b), &per_token, &scale),
+        ),
+        // rows plus a per-channel vector (the Wan block's e0 + scale_shift_table)
+        (
+            ada_layer_norm(
+                &x,
+                None,
+                Some((Rows::plus(&per_token, &w), Rows::plus(&scale, &b))),
+                1e-6,
+            ),
+            modulate(
+                ln(&ones, &zeros),
+                &per_token.broadcast_add(&w).unwrap(),
+                &scale.broadcast_add(&b).unwrap(),
+            ),
         ),
     ];
     for (i, (got, want)) in cases.into_iter().enumerate() {
@@ -123,11 +142,17 @@ fn bias_residual_matches_broadcast_ops() {
     let y = vals(&[B, N, D], 22, -2.0);
     let bias = vals(&[D], 23, -2.0);
     let gate = vals(&[B, 1, D], 24, -2.0);
-    let got = bias_residual(&x, &y, Some(&bias), Some(&gate)).unwrap();
+    let got = bias_residual(&x, &y, Some(&bias), Some(Rows::of(&gate))).unwrap();
     let want = (&x
         + y.broadcast_add(&bias)
             .unwrap()
             .broadcast_mul(&gate)
+            .unwrap())
+    .unwrap();
+    assert!(max_abs_diff(&got, &want) < 1e-6);
+    let got = bias_residual(&x, &y, None, Some(Rows::plus(&gate, &bias))).unwrap();
+    let want = (&x
+        + y.broadcast_mul(&gate.broadcast_add(&bias).unwrap())
             .unwrap())
     .unwrap();
     assert!(max_abs_diff(&got, &want) < 1e-6);
@@ -144,7 +169,9 @@ fn bias_gelu_matches_the_f64_formula() {
     let bv = flat(&bias);
     for (i, g) in got.iter().enumerate() {
         let v = (tv[i] + bv[i % 33]) as f64;
-        let want = 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
+        let want = 0.5
+            * v
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
         assert!((*g as f64 - want).abs() < 2e-6, "{v}: {g} vs {want}");
     }
 }
@@ -179,15 +206,15 @@ fn bf16_outputs_round_the_f32_result() {
     // (bf16 output, f32 output, rounding steps allowed)
     let cases = [
         (
-            ada_layer_norm(&x, None, Some((&gate, &gate)), 1e-6).unwrap(),
-            ada_layer_norm(&f(&x), None, Some((&gate, &gate)), 1e-6).unwrap(),
+            ada_layer_norm(&x, None, Some((Rows::of(&gate), Rows::of(&gate))), 1e-6).unwrap(),
+            ada_layer_norm(&f(&x), None, Some((Rows::of(&gate), Rows::of(&gate))), 1e-6).unwrap(),
             1.0,
         ),
         // the bias sum and the norm output are rounded to bf16 before the rotation
         (split(&x, &bias, &w), split(&f(&x), &b32, &w32), 4.0),
         (
-            bias_residual(&x, &y, Some(&bias), Some(&gate)).unwrap(),
-            bias_residual(&f(&x), &f(&y), Some(&b32), Some(&gate)).unwrap(),
+            bias_residual(&x, &y, Some(&bias), Some(Rows::of(&gate))).unwrap(),
+            bias_residual(&f(&x), &f(&y), Some(&b32), Some(Rows::of(&gate))).unwrap(),
             3.0,
         ),
         (
@@ -215,8 +242,17 @@ fn bad_input_gets_a_clear_error() {
     let e = err(ada_layer_norm(&x, None, None, 0.0));
     assert!(e.contains("eps"), "{e}");
     let bad = vals(&[B, 2, D], 52, 0.0);
-    let e = err(ada_layer_norm(&x, None, Some((&bad, &bad)), 1e-6));
+    let e = err(ada_layer_norm(
+        &x,
+        None,
+        Some((Rows::of(&bad), Rows::of(&bad))),
+        1e-6,
+    ));
     assert!(e.contains("shift must be"), "{e}");
+    let short = vals(&[D - 1], 55, 0.0);
+    let gate = vals(&[B, 1, D], 56, 0.0);
+    let e = err(bias_residual(&x, &x, None, Some(Rows::plus(&gate, &short))));
+    assert!(e.contains("gate's added vector must be"), "{e}");
     let e = err(split_heads(&x, 4, &SplitHeads::default()));
     assert!(e.contains("does not split into 4 heads"), "{e}");
     let cos = vals(&[N + 1, HD / 2], 53, 0.0);
@@ -226,7 +262,12 @@ fn bad_input_gets_a_clear_error() {
     };
     let e = err(split_heads(&x, HEADS, &rope));
     assert!(e.contains("RoPE cos must be"), "{e}");
-    let e = err(bias_residual(&x, &x.to_dtype(DType::BF16).unwrap(), None, None));
+    let e = err(bias_residual(
+        &x,
+        &x.to_dtype(DType::BF16).unwrap(),
+        None,
+        None,
+    ));
     assert!(e.contains("must match x"), "{e}");
     let e = err(bias_gelu(&x, Some(&vals(&[D + 1], 54, 0.0))));
     assert!(e.contains("bias must be"), "{e}");

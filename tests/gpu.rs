@@ -523,7 +523,7 @@ fn decode_kernel_matches_the_dequantized_reference() {
 /// `(what, output)` pairs. Shapes are ragged (d not a multiple of the 256-thread block), the
 /// modulation is per sample (a strided view, as the Wan block takes it) or per token.
 fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)> {
-    use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, SplitHeads};
+    use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
     let (b, n, heads, hd) = (2, 37, 3, 130);
     let d = heads * hd;
     // uniform in [-1.7, 2.3) from a fixed LCG: the same values for both devices
@@ -559,16 +559,41 @@ fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)>
         out.push((format!("{what} {dtype:?}"), t.unwrap()));
     };
     put("ln", ada_layer_norm(&x, None, None, 1e-6));
-    put("ln affine", ada_layer_norm(&x, Some((&w, &bias)), None, 1e-6));
+    put(
+        "ln affine",
+        ada_layer_norm(&x, Some((&w, &bias)), None, 1e-6),
+    );
     put(
         "ln modulated per sample",
-        ada_layer_norm(&x, None, Some((&part(0), &part(1))), 1e-6),
+        ada_layer_norm(
+            &x,
+            None,
+            Some((Rows::of(&part(0)), Rows::of(&part(1)))),
+            1e-6,
+        ),
     );
     put(
         "ln modulated per token",
-        ada_layer_norm(&x, Some((&w, &bias)), Some((&per_token, &part(4))), 1e-5),
+        ada_layer_norm(
+            &x,
+            Some((&w, &bias)),
+            Some((Rows::of(&per_token), Rows::of(&part(4)))),
+            1e-5,
+        ),
     );
-    put("split plain", split_heads(&x, heads, &SplitHeads::default()));
+    put(
+        "ln modulated rows + vector",
+        ada_layer_norm(
+            &x,
+            None,
+            Some((Rows::plus(&per_token, &w), Rows::plus(&part(3), &bias))),
+            1e-6,
+        ),
+    );
+    put(
+        "split plain",
+        split_heads(&x, heads, &SplitHeads::default()),
+    );
     let full = SplitHeads {
         bias: Some(&bd),
         rms_weight: Some(&wd),
@@ -579,11 +604,15 @@ fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)>
     put("residual", bias_residual(&x, &y, None, None));
     put(
         "residual bias gated",
-        bias_residual(&x, &y, Some(&bd), Some(&part(2))),
+        bias_residual(&x, &y, Some(&bd), Some(Rows::of(&part(2)))),
     );
     put(
         "residual per-token gate",
-        bias_residual(&x, &y, Some(&bd), Some(&per_token)),
+        bias_residual(&x, &y, Some(&bd), Some(Rows::of(&per_token))),
+    );
+    put(
+        "residual gate rows + vector",
+        bias_residual(&x, &y, None, Some(Rows::plus(&per_token, &w))),
     );
     put("gelu", bias_gelu(&x, None));
     put("bias gelu", bias_gelu(&x, Some(&bd)));

@@ -480,8 +480,7 @@ fn fused_elementwise_matches_the_op_by_op_chain() {
         let d = max_abs_diff(&fused, &chain);
         assert!(d < 1e-5, "{name} f32: max |fused − chain| = {d:e}");
 
-        let mut m16 =
-            WanTransformer::load(fixtures().join(name), DType::BF16, &DEV).unwrap();
+        let mut m16 = WanTransformer::load(fixtures().join(name), DType::BF16, &DEV).unwrap();
         let fused16 = run(&m16, &c, &exact());
         m16.set_fused_elementwise(false);
         let chain16 = run(&m16, &c, &exact());

@@ -114,9 +114,11 @@ extern "C" {
         shift: *const f32,
         sh_b: i64,
         sh_n: i64,
+        sh_add: *const f32,
         scale: *const f32,
         sc_b: i64,
         sc_n: i64,
+        sc_add: *const f32,
         eps: f32,
         stream: Stream,
     ) -> i32;
@@ -147,6 +149,7 @@ extern "C" {
         gate: *const f32,
         g_b: i64,
         g_n: i64,
+        g_add: *const f32,
         stream: Stream,
     ) -> i32;
     pub fn mxa_bias_gelu(

@@ -56,10 +56,16 @@ fn opt_addr(op: &str, t: Option<&Tensor>) -> Result<u64> {
     t.map_or(Ok(0), |t| aux_addr(op, t))
 }
 
-fn row_param(op: &str, p: Option<&RowParam>) -> Result<(u64, i64, i64)> {
+/// (rows address, s_b, s_n, added vector address or 0).
+fn row_param(op: &str, p: Option<&RowParam>) -> Result<(u64, i64, i64, u64)> {
     match p {
-        Some(p) => Ok((aux_addr(op, &p.t)?, p.s_b as i64, p.s_n as i64)),
-        None => Ok((0, 0, 0)),
+        Some(p) => Ok((
+            aux_addr(op, &p.t)?,
+            p.s_b as i64,
+            p.s_n as i64,
+            opt_addr(op, p.add.as_ref())?,
+        )),
+        None => Ok((0, 0, 0, 0)),
     }
 }
 
@@ -104,8 +110,8 @@ pub(crate) fn ada_layer_norm(
         Some((w, b)) => (aux_addr(OP, w)?, aux_addr(OP, b)?),
         None => (0, 0),
     };
-    let (sh, sh_b, sh_n) = row_param(OP, op.modulation.as_ref().map(|m| &m.0))?;
-    let (sc, sc_b, sc_n) = row_param(OP, op.modulation.as_ref().map(|m| &m.1))?;
+    let (sh, sh_b, sh_n, sh_add) = row_param(OP, op.modulation.as_ref().map(|m| &m.0))?;
+    let (sc, sc_b, sc_n, sc_add) = row_param(OP, op.modulation.as_ref().map(|m| &m.1))?;
     // SAFETY: x and y hold rows·d elements of the dtype `code`; w, b hold d f32; shift and
     // scale rows are addressed within their tensors by the strides RowParam checked.
     let rc = unsafe {
@@ -121,9 +127,11 @@ pub(crate) fn ada_layer_norm(
             sh as *const f32,
             sh_b,
             sh_n,
+            sh_add as *const f32,
             sc as *const f32,
             sc_b,
             sc_n,
+            sc_add as *const f32,
             op.eps,
             stream_of(&s.device),
         )
@@ -189,7 +197,7 @@ pub(crate) fn bias_residual(
     let out = alloc_out(&s1.device, code, len)?;
     let o = slice_addr(&out, 0)?;
     let bias = opt_addr(OP, op.bias.as_ref())?;
-    let (g, g_b, g_n) = row_param(OP, op.gate.as_ref())?;
+    let (g, g_b, g_n, g_add) = row_param(OP, op.gate.as_ref())?;
     // SAFETY: x, y and out hold rows·d elements; bias d; gate rows addressed by checked strides.
     let rc = unsafe {
         ffi::mxa_bias_residual(
@@ -204,6 +212,7 @@ pub(crate) fn bias_residual(
             g as *const f32,
             g_b,
             g_n,
+            g_add as *const f32,
             stream_of(&s1.device),
         )
     };
@@ -211,7 +220,11 @@ pub(crate) fn bias_residual(
     Ok((out, l1.shape().clone()))
 }
 
-pub(crate) fn bias_gelu(op: &BiasGeluOp, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+pub(crate) fn bias_gelu(
+    op: &BiasGeluOp,
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "bias_gelu";
     let (t, code) = input(OP, s, l)?;
     let len = l.shape().elem_count();

@@ -2,7 +2,9 @@
 //! transformer blocks (diffusers' `FP32LayerNorm` then `norm·(1 + scale) + shift`, all in f32),
 //! in one pass. CUDA kernel: `kernels/ada_layer_norm.cu`.
 
-use super::{activation_dims, contiguous_slice, cpu_float_dispatch, Float, RowParam};
+use super::{
+    activation_dims, contiguous_slice, cpu_float_dispatch, CpuRows, Float, RowParam, Rows,
+};
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -20,11 +22,12 @@ pub(crate) struct AdaLayerNormOp {
 
 /// LayerNorm of `x [b, n, d]` (f32, bf16 or f16) over `d`, computed in f32, then the affine
 /// `·weight + bias` (f32 `[d]`) if given, then `·(1 + scale) + shift` if given (f32,
-/// `[b | 1, n | 1, d]`, views allowed), returned in x's dtype.
+/// `[b | 1, n | 1, d]`, views allowed, each with an optional added `[d]` vector: [`Rows`]),
+/// returned in x's dtype.
 pub fn ada_layer_norm(
     x: &Tensor,
     affine: Option<(&Tensor, &Tensor)>,
-    modulation: Option<(&Tensor, &Tensor)>,
+    modulation: Option<(Rows, Rows)>,
     eps: f32,
 ) -> Result<Tensor> {
     let (b, n, d) = activation_dims(OP, x)?;
@@ -63,7 +66,7 @@ impl AdaLayerNormOp {
             None => None,
         };
         let mut out = vec![T::from_f32(0.0); x.len()];
-        let mut run = |shift: Option<(&RowParam, &[f32], &RowParam, &[f32])>| {
+        let mut run = |shift: Option<(&CpuRows, &CpuRows)>| {
             out.par_chunks_mut(d)
                 .zip(x.par_chunks(d))
                 .enumerate()
@@ -76,24 +79,21 @@ impl AdaLayerNormOp {
                         / d as f64;
                     let rstd = 1.0 / (var + self.eps as f64).sqrt();
                     let (mean, rstd) = (mean as f32, rstd as f32);
-                    let rows = shift.map(|(ps, vs, pc, vc)| {
-                        let (i, t) = (row / n, row % n);
-                        (ps.row(vs, i, t, d), pc.row(vc, i, t, d))
-                    });
+                    let (i, t) = (row / n, row % n);
                     for c in 0..d {
                         let mut z = (xr[c].to_f32() - mean) * rstd;
                         if let Some((w, b)) = &affine {
                             z = z * w[c] + b[c];
                         }
-                        if let Some((sh, sc)) = rows {
-                            z = z * (1.0 + sc[c]) + sh[c];
+                        if let Some((sh, sc)) = shift {
+                            z = z * (1.0 + sc.at(i, t, c)) + sh.at(i, t, c);
                         }
                         y[c] = T::from_f32(z);
                     }
                 });
         };
         match &self.modulation {
-            Some((sh, sc)) => sh.with_cpu(|vs| sc.with_cpu(|vc| run(Some((sh, vs, sc, vc)))))??,
+            Some((sh, sc)) => sh.with_cpu(|vs| sc.with_cpu(|vc| run(Some((vs, vc)))))??,
             None => run(None),
         }
         Ok(out)

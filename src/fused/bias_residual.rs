@@ -2,7 +2,7 @@
 //! (diffusers' `(x.float() + y·gate).type_as(x)`) in one pass. CUDA kernel:
 //! `kernels/bias_residual.cu`.
 
-use super::{activation_dims, contiguous_slice, Float, RowParam};
+use super::{activation_dims, contiguous_slice, CpuRows, Float, RowParam, Rows};
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -16,13 +16,13 @@ pub(crate) struct BiasResidualOp {
 }
 
 /// `x + (y + bias)·gate` for `x, y [b, n, d]` of one dtype, bias `[d]` (the sum `y + bias`
-/// rounded to that dtype, as a projection's output), gate f32 `[b | 1, n | 1, d]`; computed in
-/// f32 and rounded once.
+/// rounded to that dtype, as a projection's output), gate f32 `[b | 1, n | 1, d]` with an
+/// optional added `[d]` vector ([`Rows`]); computed in f32 and rounded once.
 pub fn bias_residual(
     x: &Tensor,
     y: &Tensor,
     bias: Option<&Tensor>,
-    gate: Option<&Tensor>,
+    gate: Option<Rows>,
 ) -> Result<Tensor> {
     let (b, n, d) = activation_dims(OP, x)?;
     if y.dims() != x.dims() || y.dtype() != x.dtype() {
@@ -54,26 +54,26 @@ impl BiasResidualOp {
             None => None,
         };
         let mut out = vec![T::from_f32(0.0); x.len()];
-        let mut run = |gate: Option<(&RowParam, &[f32])>| {
+        let mut run = |gate: Option<&CpuRows>| {
             out.par_chunks_mut(d)
                 .zip(x.par_chunks(d).zip(y.par_chunks(d)))
                 .enumerate()
                 .for_each(|(row, (o, (xr, yr)))| {
-                    let g = gate.map(|(p, v)| p.row(v, row / n, row % n, d));
+                    let (i, t) = (row / n, row % n);
                     for c in 0..d {
                         let mut v = yr[c].to_f32();
                         if let Some(b) = &bias {
                             v = T::round(v + b[c]);
                         }
-                        if let Some(g) = g {
-                            v *= g[c];
+                        if let Some(g) = gate {
+                            v *= g.at(i, t, c);
                         }
                         o[c] = T::from_f32(xr[c].to_f32() + v);
                     }
                 });
         };
         match &self.gate {
-            Some(g) => g.with_cpu(|v| run(Some((g, v))))?,
+            Some(g) => g.with_cpu(|v| run(Some(v)))?,
             None => run(None),
         }
         Ok(out)

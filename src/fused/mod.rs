@@ -18,6 +18,29 @@ pub use bias_gelu::bias_gelu;
 pub use bias_residual::bias_residual;
 pub use split_heads::{split_heads, SplitHeads};
 
+/// An f32 per-row parameter of a fused op (a modulation shift or scale, a gate): `rows`
+/// `[b | 1, n | 1, d]` (views allowed), plus `add`, a `[d]` vector added to every row in f32 if
+/// given. The Wan blocks pass the timestep projection as `rows` and their `scale_shift_table` row
+/// as `add`, so the per-token `[tokens, 6, dim]` sum is never written.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub rows: &'a Tensor,
+    pub add: Option<&'a Tensor>,
+}
+
+impl<'a> Rows<'a> {
+    pub fn of(rows: &'a Tensor) -> Self {
+        Self { rows, add: None }
+    }
+
+    pub fn plus(rows: &'a Tensor, add: &'a Tensor) -> Self {
+        Self {
+            rows,
+            add: Some(add),
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 pub(crate) use ada_layer_norm::AdaLayerNormOp;
 #[cfg(feature = "cuda")]
@@ -83,7 +106,11 @@ macro_rules! cpu_float_dispatch {
                 type $T = half::f16;
                 candle_core::CpuStorage::F16($body)
             }
-            s => candle_core::bail!("{}: dtype {:?} unsupported (f32, bf16, f16)", $op, candle_core::backend::BackendStorage::dtype(s)),
+            s => candle_core::bail!(
+                "{}: dtype {:?} unsupported (f32, bf16, f16)",
+                $op,
+                candle_core::backend::BackendStorage::dtype(s)
+            ),
         }
     };
 }
@@ -104,10 +131,23 @@ pub(crate) struct RowParam {
     pub t: Tensor,
     pub s_b: usize,
     pub s_n: usize,
+    /// f32 `[d]`, contiguous.
+    pub add: Option<Tensor>,
 }
 
 impl RowParam {
-    pub fn new(op: &str, what: &str, p: &Tensor, b: usize, n: usize, d: usize) -> Result<Self> {
+    pub fn new(op: &str, what: &str, r: Rows, b: usize, n: usize, d: usize) -> Result<Self> {
+        let add = match r.add {
+            Some(a) => Some(vector(
+                op,
+                &format!("{what}'s added vector"),
+                a,
+                d,
+                DType::F32,
+            )?),
+            None => None,
+        };
+        let p = r.rows;
         let p = if p.dtype() == DType::F32 {
             p.clone()
         } else {
@@ -129,22 +169,50 @@ impl RowParam {
         let st = p.stride();
         let s_b = if dims[0] == 1 { 0 } else { st[0] };
         let s_n = if dims[1] == 1 { 0 } else { st[1] };
-        Ok(Self { t: p, s_b, s_n })
+        Ok(Self {
+            t: p,
+            s_b,
+            s_n,
+            add,
+        })
     }
 
-    /// Reads the f32 values on the CPU: `f(values from the start offset)`.
-    pub fn with_cpu<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    /// The values on the CPU as an accessor: `f(&CpuRows)`.
+    pub fn with_cpu<R>(&self, f: impl FnOnce(&CpuRows) -> R) -> Result<R> {
+        let add = match &self.add {
+            Some(a) => Some(host_f32(a)?),
+            None => None,
+        };
         let (st, l) = self.t.storage_and_layout();
         match &*st {
-            Storage::Cpu(CpuStorage::F32(v)) => Ok(f(&v[l.start_offset()..])),
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(f(&CpuRows {
+                v: &v[l.start_offset()..],
+                add: add.as_deref(),
+                s_b: self.s_b,
+                s_n: self.s_n,
+            })),
             _ => bail!("internal error: CPU row parameter not on the CPU as f32"),
         }
     }
+}
 
-    /// Row `(i, t)`'s `d` values within the slice `with_cpu` gives.
-    pub fn row<'a>(&self, v: &'a [f32], i: usize, t: usize, d: usize) -> &'a [f32] {
-        let o = i * self.s_b + t * self.s_n;
-        &v[o..o + d]
+/// A [`RowParam`]'s values on the CPU.
+pub(crate) struct CpuRows<'a> {
+    v: &'a [f32],
+    add: Option<&'a [f32]>,
+    s_b: usize,
+    s_n: usize,
+}
+
+impl CpuRows<'_> {
+    /// Element `c` of row `(i, t)`: the row value plus the added vector's.
+    #[inline]
+    pub fn at(&self, i: usize, t: usize, c: usize) -> f32 {
+        let v = self.v[i * self.s_b + t * self.s_n + c];
+        match self.add {
+            Some(a) => v + a[c],
+            None => v,
+        }
     }
 }
 

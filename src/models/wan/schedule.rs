@@ -45,8 +45,7 @@ use candle_core::{bail, Result};
 use std::fmt;
 
 /// The `hybrid` preset (see the module docs).
-pub const HYBRID: &str =
-    "exact@kind=vae+cross;mxfp6@layers=0-1+last2;mxfp6@steps=0-2+last3;mxfp4";
+pub const HYBRID: &str = "exact@kind=vae+cross;mxfp6@layers=0-1+last2;mxfp6@steps=0-2+last3;mxfp4";
 
 /// `hybrid` with the Fused-Softmax kernels.
 pub const HYBRID_FUSED: &str =

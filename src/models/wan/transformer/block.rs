@@ -7,9 +7,9 @@
 
 use super::rope::RopeTables;
 use crate::attention::{attention, AttentionConfig};
-use crate::models::wan::{AttnKind, AttnPolicy, AttnSite};
-use crate::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, SplitHeads};
+use crate::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
 use crate::models::wan::profile::stage;
+use crate::models::wan::{AttnKind, AttnPolicy, AttnSite};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
@@ -87,7 +87,7 @@ impl LnParams {
 
 impl LnParams {
     /// The fused [`LnParams::modulate`] (or, without `shift`/`scale`, `LN(x)` in x's dtype).
-    pub fn forward_fused(&self, x: &Tensor, modulation: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    pub fn forward_fused(&self, x: &Tensor, modulation: Option<(Rows, Rows)>) -> Result<Tensor> {
         let affine = self.affine.then_some((&self.weight, &self.bias));
         ada_layer_norm(x, affine, modulation, self.eps)
     }
@@ -414,19 +414,26 @@ impl WanBlock {
         call: BlockCall,
     ) -> Result<Tensor> {
         let dev = x.device();
-        let m = self.scale_shift_table.broadcast_add(e0)?;
-        let part = |i: usize| m.narrow(2, i, 1)?.squeeze(2);
-        let (shift, scale, gate) = (part(0)?, part(1)?, part(2)?);
-        let (c_shift, c_scale, c_gate) = (part(3)?, part(4)?, part(5)?);
+        // (e0 part i, table row i): the fused ops add them per element (for TI2V-5B's per-token
+        // e0 the sum would be a [tokens, 6, dim] f32 tensor per block)
+        let rows: Vec<Tensor> = (0..6)
+            .map(|i| e0.narrow(2, i, 1)?.squeeze(2))
+            .collect::<Result<_>>()?;
+        let adds: Vec<Tensor> = (0..6)
+            .map(|i| self.scale_shift_table.narrow(2, i, 1)?.flatten_all())
+            .collect::<Result<_>>()?;
+        let part = |i: usize| Rows::plus(&rows[i], &adds[i]);
+        let (shift, scale, gate) = (part(0), part(1), part(2));
+        let (c_shift, c_scale, c_gate) = (part(3), part(4), part(5));
 
         let h = stage(dev, "norm + modulation", || {
-            self.norm1.forward_fused(x, Some((&shift, &scale)))
+            self.norm1.forward_fused(x, Some((shift, scale)))
         })?;
         let a = call.run(AttnKind::SelfAttn, |cfg| {
             self.attn1.forward_fused(&h, None, Some(rope), cfg)
         })?;
         let x = stage(dev, "residual adds", || {
-            bias_residual(x, &a, self.attn1.to_out.bias(), Some(&gate))
+            bias_residual(x, &a, self.attn1.to_out.bias(), Some(gate))
         })?;
 
         let h = match &self.norm2 {
@@ -441,11 +448,11 @@ impl WanBlock {
         })?;
 
         let h = stage(dev, "norm + modulation", || {
-            self.norm3.forward_fused(&x, Some((&c_shift, &c_scale)))
+            self.norm3.forward_fused(&x, Some((c_shift, c_scale)))
         })?;
         let (f, f_bias) = self.ffn.forward_fused(&h)?;
         stage(dev, "residual adds", || {
-            bias_residual(&x, &f, f_bias, Some(&c_gate))
+            bias_residual(&x, &f, f_bias, Some(c_gate))
         })
     }
 }

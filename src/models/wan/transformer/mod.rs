@@ -413,7 +413,9 @@ impl WanTransformer {
             m.narrow(2, 1, 1)?.squeeze(2)?,
         );
         let x = if self.fused {
-            self.norm_out.forward_fused(&x, Some((&shift, &scale)))?
+            let m = |t| crate::fused::Rows::of(t);
+            self.norm_out
+                .forward_fused(&x, Some((m(&shift), m(&scale))))?
         } else {
             self.norm_out.modulate(&x, &shift, &scale, self.dtype)?
         };

@@ -88,7 +88,13 @@ impl DecodeStats {
             f32::NAN
         };
         match self.stage_absmax.iter_mut().find(|e| e.0 == stage) {
-            Some(e) => e.1 = if e.1.is_nan() || m.is_nan() { f32::NAN } else { e.1.max(m) },
+            Some(e) => {
+                e.1 = if e.1.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    e.1.max(m)
+                }
+            }
             None => self.stage_absmax.push((stage, m)),
         }
         Ok(())
@@ -312,7 +318,9 @@ impl WanVae {
             let x = z.narrow(2, i, 1)?.transpose(1, 2)?.contiguous()?;
             let x = self.post_quant_conv.forward(&x, None)?;
             stats.note("post_quant_conv", &x)?;
-            let y = self.decoder.forward(&x, &mut cache, i == 0, policy, &mut stats)?;
+            let y = self
+                .decoder
+                .forward(&x, &mut cache, i == 0, policy, &mut stats)?;
             if let Some((chunk, stage)) = stats.first_non_finite {
                 let seen: Vec<String> = stats
                     .stage_absmax
