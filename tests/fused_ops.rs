@@ -4,7 +4,9 @@
 //! and clear errors for bad input.
 
 use candle_core::{DType, Device, Tensor};
-use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
+use mxattn::fused::{
+    ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
+};
 
 const DEV: Device = Device::Cpu;
 
@@ -134,6 +136,20 @@ fn split_heads_matches_bias_rms_norm_transpose_and_rope() {
         .transpose(1, 2)
         .unwrap();
     assert_eq!(max_abs_diff(&plain, &want), 0.0);
+}
+
+#[test]
+fn merge_heads_is_the_transpose_and_undoes_a_plain_split() {
+    let o = vals(&[B, HEADS, N, HD], 15, -2.0);
+    let got = merge_heads(&o).unwrap();
+    let want = o.transpose(1, 2).unwrap().reshape((B, N, D)).unwrap();
+    assert_eq!(max_abs_diff(&got, &want), 0.0);
+    let back = split_heads(&got, HEADS, &SplitHeads::default()).unwrap();
+    assert_eq!(max_abs_diff(&back, &o), 0.0);
+    let e = merge_heads(&vals(&[B, N, D], 16, 0.0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[batch, heads, tokens, head_dim]"), "{e}");
 }
 
 #[test]

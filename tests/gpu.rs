@@ -523,7 +523,9 @@ fn decode_kernel_matches_the_dequantized_reference() {
 /// `(what, output)` pairs. Shapes are ragged (d not a multiple of the 256-thread block), the
 /// modulation is per sample (a strided view, as the Wan block takes it) or per token.
 fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)> {
-    use mxattn::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
+    use mxattn::fused::{
+        ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
+    };
     let (b, n, heads, hd) = (2, 37, 3, 130);
     let d = heads * hd;
     // uniform in [-1.7, 2.3) from a fixed LCG: the same values for both devices
@@ -613,6 +615,10 @@ fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)>
     put(
         "residual gate rows + vector",
         bias_residual(&x, &y, None, Some(Rows::plus(&per_token, &w))),
+    );
+    put(
+        "merge heads",
+        merge_heads(&x.reshape((b, heads, n, hd)).unwrap()),
     );
     put("gelu", bias_gelu(&x, None));
     put("bias gelu", bias_gelu(&x, Some(&bd)));

@@ -152,6 +152,16 @@ extern "C" {
         g_add: *const f32,
         stream: Stream,
     ) -> i32;
+    pub fn mxa_merge_heads(
+        o: *const c_void,
+        y: *mut c_void,
+        dtype: i32,
+        rows: i64,
+        n: i64,
+        heads: i64,
+        hd: i64,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_bias_gelu(
         t: *const c_void,
         out: *mut c_void,

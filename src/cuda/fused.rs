@@ -2,7 +2,9 @@
 //! bias_residual, bias_gelu}.cu` on the device's stream.
 
 use super::ffi;
-use crate::fused::{AdaLayerNormOp, BiasGeluOp, BiasResidualOp, RowParam, SplitHeadsOp};
+use crate::fused::{
+    AdaLayerNormOp, BiasGeluOp, BiasResidualOp, MergeHeadsOp, RowParam, SplitHeadsOp,
+};
 use candle_core::cuda_backend::cudarc::driver::DevicePtr;
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
 use candle_core::{bail, DType, Layout, Result, Shape, Storage, Tensor};
@@ -240,6 +242,33 @@ pub(crate) fn bias_gelu(
             (len / op.d) as i64,
             op.d as i64,
             bias as *const c_void,
+            stream_of(&s.device),
+        )
+    };
+    check(OP, rc)?;
+    Ok((out, l.shape().clone()))
+}
+
+pub(crate) fn merge_heads(
+    op: &MergeHeadsOp,
+    s: &CudaStorage,
+    l: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    const OP: &str = "merge_heads";
+    let (o, code) = input(OP, s, l)?;
+    let len = l.shape().elem_count();
+    let out = alloc_out(&s.device, code, len)?;
+    let y = slice_addr(&out, 0)?;
+    // SAFETY: o and y hold b·heads·n·hd elements of the dtype `code`.
+    let rc = unsafe {
+        ffi::mxa_merge_heads(
+            o as *const c_void,
+            y as *mut c_void,
+            code,
+            (len / (op.heads * op.hd)) as i64,
+            op.n as i64,
+            op.heads as i64,
+            op.hd as i64,
             stream_of(&s.device),
         )
     };

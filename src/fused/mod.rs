@@ -2,7 +2,7 @@
 //! chain of Candle ops (casts, norms, broadcast mul/add, layout copies) that would each read
 //! and write the whole activation, by one pass. Each op has a CPU implementation, the
 //! reference, and a CUDA kernel of the same name in `kernels/` (`ada_layer_norm.cu`,
-//! `split_heads.cu`, `bias_residual.cu`, `bias_gelu.cu`).
+//! `split_heads.cu`, `merge_heads.cu`, `bias_residual.cu`, `bias_gelu.cu`).
 //!
 //! Arithmetic is f32 whatever the storage dtype; where the unfused chain would store an
 //! intermediate in the tensor dtype (a projection plus its bias, an RMSNorm output), the fused
@@ -11,11 +11,13 @@
 mod ada_layer_norm;
 mod bias_gelu;
 mod bias_residual;
+mod merge_heads;
 mod split_heads;
 
 pub use ada_layer_norm::ada_layer_norm;
 pub use bias_gelu::bias_gelu;
 pub use bias_residual::bias_residual;
+pub use merge_heads::merge_heads;
 pub use split_heads::{split_heads, SplitHeads};
 
 /// An f32 per-row parameter of a fused op (a modulation shift or scale, a gate): `rows`
@@ -47,6 +49,8 @@ pub(crate) use ada_layer_norm::AdaLayerNormOp;
 pub(crate) use bias_gelu::BiasGeluOp;
 #[cfg(feature = "cuda")]
 pub(crate) use bias_residual::BiasResidualOp;
+#[cfg(feature = "cuda")]
+pub(crate) use merge_heads::MergeHeadsOp;
 #[cfg(feature = "cuda")]
 pub(crate) use split_heads::SplitHeadsOp;
 

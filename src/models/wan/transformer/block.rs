@@ -7,7 +7,9 @@
 
 use super::rope::RopeTables;
 use crate::attention::{attention, AttentionConfig};
-use crate::fused::{ada_layer_norm, bias_gelu, bias_residual, split_heads, Rows, SplitHeads};
+use crate::fused::{
+    ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
+};
 use crate::models::wan::profile::stage;
 use crate::models::wan::{AttnKind, AttnPolicy, AttnSite};
 use candle_core::{DType, Module, Result, Tensor};
@@ -187,7 +189,7 @@ impl WanAttention {
         let o = stage(dev, name, || {
             super::super::profile::timed(dev, || attention(&q, &k, &v, cfg))
         })?;
-        let o = stage(dev, "merge heads", || self.merge_heads(&o))?;
+        let o = stage(dev, "merge heads", || merge_heads(&o))?;
         stage(dev, "output projection", || matmul(&o, &self.to_out))
     }
 
