@@ -35,7 +35,7 @@ pub(crate) struct SplitHeadsOp {
 /// bias, RMSNorm and RoPE as `opts` says.
 pub fn split_heads(t: &Tensor, heads: usize, opts: &SplitHeads) -> Result<Tensor> {
     let (b, n, d) = activation_dims(OP, t)?;
-    if heads == 0 || d % heads != 0 || (d / heads) % 2 != 0 {
+    if heads == 0 || !d.is_multiple_of(heads) || !(d / heads).is_multiple_of(2) {
         bail!("{OP}: dim {d} does not split into {heads} heads of an even size");
     }
     let hd = d / heads;

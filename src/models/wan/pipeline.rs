@@ -28,7 +28,7 @@ pub enum TextSource {
     /// A (random-weights) UMT5 without a tokenizer: prompts are replaced by pseudo-random
     /// token ids of `tokens` length, for speed runs where no tokenizer file exists.
     RandomIds {
-        model: Umt5Encoder,
+        model: Box<Umt5Encoder>,
         tokens: usize,
         max_len: usize,
     },
@@ -194,7 +194,12 @@ impl WanPipeline {
         let experts = (0..n_experts)
             .map(|i| WanTransformer::random(&tcfg, dtype, device, seed + 1 + i as u64))
             .collect::<Result<Vec<_>>>()?;
-        let model = Umt5Encoder::random(&Umt5Config::umt5_xxl(), dtype, device, seed + 10)?;
+        let model = Box::new(Umt5Encoder::random(
+            &Umt5Config::umt5_xxl(),
+            dtype,
+            device,
+            seed + 10,
+        )?);
         Ok(Self {
             text: TextSource::RandomIds {
                 model,

@@ -56,6 +56,9 @@ use candle_nn::{Linear, VarBuilder};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The RoPE tables of one latent grid `(f, h, w)`, shared by the clones of a transformer.
+type RopeCache = std::sync::Arc<std::sync::Mutex<Option<((usize, usize, usize), RopeTables)>>>;
+
 /// A Wan diffusion transformer.
 #[derive(Clone, Debug)]
 pub struct WanTransformer {
@@ -80,7 +83,7 @@ pub struct WanTransformer {
     rope: WanRope,
     /// The RoPE tables of the last latent grid: every step of a run uses the same grid, and
     /// building them on the host took ≈0.1 s per forward at 720p.
-    rope_cache: std::sync::Arc<std::sync::Mutex<Option<((usize, usize, usize), RopeTables)>>>,
+    rope_cache: RopeCache,
     /// Whether the blocks run the fused elementwise ops ([`crate::fused`]); on by default.
     fused: bool,
     dtype: DType,
