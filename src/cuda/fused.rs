@@ -98,48 +98,61 @@ fn stream_of(dev: &CudaDevice) -> ffi::Stream {
     dev.cuda_stream().cu_stream() as ffi::Stream
 }
 
+/// Runs `launch(input, dtype code, output, elements, stream)`, the kernel's status out, into a
+/// new output of the input's shape and dtype.
+fn into_new_output(
+    op: &str,
+    s: &CudaStorage,
+    l: &Layout,
+    launch: impl FnOnce(u64, i32, u64, usize, ffi::Stream) -> Result<i32>,
+) -> Result<(CudaStorage, Shape)> {
+    let (x, code) = input(op, s, l)?;
+    let len = l.shape().elem_count();
+    let out = alloc_out(&s.device, code, len)?;
+    let y = slice_addr(&out, 0)?;
+    check(op, launch(x, code, y, len, stream_of(&s.device))?)?;
+    Ok((out, l.shape().clone()))
+}
+
 pub(crate) fn ada_layer_norm(
     op: &AdaLayerNormOp,
     s: &CudaStorage,
     l: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "ada_layer_norm";
-    let (x, code) = input(OP, s, l)?;
-    let len = l.shape().elem_count();
-    let out = alloc_out(&s.device, code, len)?;
-    let y = slice_addr(&out, 0)?;
     let (w, b) = match &op.affine {
         Some((w, b)) => (aux_addr(OP, w)?, aux_addr(OP, b)?),
         None => (0, 0),
     };
     let (sh, sh_b, sh_n, sh_add) = row_param(OP, op.modulation.as_ref().map(|m| &m.0))?;
     let (sc, sc_b, sc_n, sc_add) = row_param(OP, op.modulation.as_ref().map(|m| &m.1))?;
-    // SAFETY: x and y hold rows·d elements of the dtype `code`; w, b hold d f32; shift and
-    // scale rows are addressed within their tensors by the strides RowParam checked.
-    let rc = unsafe {
-        ffi::mxa_ada_layer_norm(
-            x as *const c_void,
-            y as *mut c_void,
-            code,
-            (len / op.d) as i64,
-            op.n as i64,
-            op.d as i64,
-            w as *const f32,
-            b as *const f32,
-            sh as *const f32,
-            sh_b,
-            sh_n,
-            sh_add as *const f32,
-            sc as *const f32,
-            sc_b,
-            sc_n,
-            sc_add as *const f32,
-            op.eps,
-            stream_of(&s.device),
-        )
-    };
-    check(OP, rc)?;
-    Ok((out, l.shape().clone()))
+    into_new_output(OP, s, l, |x, code, y, len, stream| {
+        // SAFETY: x and y hold rows·d elements of the dtype `code`; w, b hold d f32; shift and
+        // scale rows are addressed within their tensors by the strides RowParam checked, their
+        // added vectors hold d f32.
+        Ok(unsafe {
+            ffi::mxa_ada_layer_norm(
+                x as *const c_void,
+                y as *mut c_void,
+                code,
+                (len / op.d) as i64,
+                op.n as i64,
+                op.d as i64,
+                w as *const f32,
+                b as *const f32,
+                sh as *const f32,
+                sh_b,
+                sh_n,
+                sh_add as *const f32,
+                sc as *const f32,
+                sc_b,
+                sc_n,
+                sc_add as *const f32,
+                op.eps,
+                stream,
+            )
+        })
+    })
 }
 
 pub(crate) fn split_heads(
@@ -148,10 +161,6 @@ pub(crate) fn split_heads(
     l: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "split_heads";
-    let (t, code) = input(OP, s, l)?;
-    let len = l.shape().elem_count();
-    let out = alloc_out(&s.device, code, len)?;
-    let y = slice_addr(&out, 0)?;
     let bias = opt_addr(OP, op.bias.as_ref())?;
     let w = opt_addr(OP, op.rms_weight.as_ref())?;
     let (c, sn) = match &op.rope {
@@ -159,27 +168,27 @@ pub(crate) fn split_heads(
         None => (0, 0),
     };
     let d = op.heads * op.hd;
-    // SAFETY: t and y hold rows·d elements; bias and w hold d elements of t's dtype; cos and
-    // sin hold n·hd/2 f32.
-    let rc = unsafe {
-        ffi::mxa_split_heads(
-            t as *const c_void,
-            y as *mut c_void,
-            code,
-            (len / d) as i64,
-            op.n as i64,
-            op.heads as i64,
-            op.hd as i64,
-            bias as *const c_void,
-            w as *const c_void,
-            op.eps,
-            c as *const f32,
-            sn as *const f32,
-            stream_of(&s.device),
-        )
-    };
-    check(OP, rc)?;
-    Ok((out, l.shape().clone()))
+    into_new_output(OP, s, l, |t, code, y, len, stream| {
+        // SAFETY: t and y hold rows·d elements; bias and w hold d elements of t's dtype; cos
+        // and sin hold n·hd/2 f32.
+        Ok(unsafe {
+            ffi::mxa_split_heads(
+                t as *const c_void,
+                y as *mut c_void,
+                code,
+                (len / d) as i64,
+                op.n as i64,
+                op.heads as i64,
+                op.hd as i64,
+                bias as *const c_void,
+                w as *const c_void,
+                op.eps,
+                c as *const f32,
+                sn as *const f32,
+                stream,
+            )
+        })
+    })
 }
 
 pub(crate) fn bias_residual(
@@ -190,36 +199,33 @@ pub(crate) fn bias_residual(
     l2: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "bias_residual";
-    let (x, code) = input(OP, s1, l1)?;
     let (y, code2) = input(OP, s2, l2)?;
-    if code != code2 {
-        bail!("{OP}: x and y must have one dtype");
-    }
-    let len = l1.shape().elem_count();
-    let out = alloc_out(&s1.device, code, len)?;
-    let o = slice_addr(&out, 0)?;
     let bias = opt_addr(OP, op.bias.as_ref())?;
     let (g, g_b, g_n, g_add) = row_param(OP, op.gate.as_ref())?;
-    // SAFETY: x, y and out hold rows·d elements; bias d; gate rows addressed by checked strides.
-    let rc = unsafe {
-        ffi::mxa_bias_residual(
-            x as *const c_void,
-            y as *const c_void,
-            o as *mut c_void,
-            code,
-            (len / op.d) as i64,
-            op.n as i64,
-            op.d as i64,
-            bias as *const c_void,
-            g as *const f32,
-            g_b,
-            g_n,
-            g_add as *const f32,
-            stream_of(&s1.device),
-        )
-    };
-    check(OP, rc)?;
-    Ok((out, l1.shape().clone()))
+    into_new_output(OP, s1, l1, |x, code, o, len, stream| {
+        if code != code2 {
+            bail!("{OP}: x and y must have one dtype");
+        }
+        // SAFETY: x, y and out hold rows·d elements; bias d; gate rows addressed by checked
+        // strides, its added vector d f32.
+        Ok(unsafe {
+            ffi::mxa_bias_residual(
+                x as *const c_void,
+                y as *const c_void,
+                o as *mut c_void,
+                code,
+                (len / op.d) as i64,
+                op.n as i64,
+                op.d as i64,
+                bias as *const c_void,
+                g as *const f32,
+                g_b,
+                g_n,
+                g_add as *const f32,
+                stream,
+            )
+        })
+    })
 }
 
 pub(crate) fn bias_gelu(
@@ -228,25 +234,21 @@ pub(crate) fn bias_gelu(
     l: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
     const OP: &str = "bias_gelu";
-    let (t, code) = input(OP, s, l)?;
-    let len = l.shape().elem_count();
-    let out = alloc_out(&s.device, code, len)?;
-    let o = slice_addr(&out, 0)?;
     let bias = opt_addr(OP, op.bias.as_ref())?;
-    // SAFETY: t and out hold rows·d elements, bias d.
-    let rc = unsafe {
-        ffi::mxa_bias_gelu(
-            t as *const c_void,
-            o as *mut c_void,
-            code,
-            (len / op.d) as i64,
-            op.d as i64,
-            bias as *const c_void,
-            stream_of(&s.device),
-        )
-    };
-    check(OP, rc)?;
-    Ok((out, l.shape().clone()))
+    into_new_output(OP, s, l, |t, code, o, len, stream| {
+        // SAFETY: t and out hold rows·d elements, bias d.
+        Ok(unsafe {
+            ffi::mxa_bias_gelu(
+                t as *const c_void,
+                o as *mut c_void,
+                code,
+                (len / op.d) as i64,
+                op.d as i64,
+                bias as *const c_void,
+                stream,
+            )
+        })
+    })
 }
 
 pub(crate) fn merge_heads(
@@ -254,24 +256,19 @@ pub(crate) fn merge_heads(
     s: &CudaStorage,
     l: &Layout,
 ) -> Result<(CudaStorage, Shape)> {
-    const OP: &str = "merge_heads";
-    let (o, code) = input(OP, s, l)?;
-    let len = l.shape().elem_count();
-    let out = alloc_out(&s.device, code, len)?;
-    let y = slice_addr(&out, 0)?;
-    // SAFETY: o and y hold b·heads·n·hd elements of the dtype `code`.
-    let rc = unsafe {
-        ffi::mxa_merge_heads(
-            o as *const c_void,
-            y as *mut c_void,
-            code,
-            (len / (op.heads * op.hd)) as i64,
-            op.n as i64,
-            op.heads as i64,
-            op.hd as i64,
-            stream_of(&s.device),
-        )
-    };
-    check(OP, rc)?;
-    Ok((out, l.shape().clone()))
+    into_new_output("merge_heads", s, l, |o, code, y, len, stream| {
+        // SAFETY: o and y hold b·heads·n·hd elements of the dtype `code`.
+        Ok(unsafe {
+            ffi::mxa_merge_heads(
+                o as *const c_void,
+                y as *mut c_void,
+                code,
+                (len / (op.heads * op.hd)) as i64,
+                op.n as i64,
+                op.heads as i64,
+                op.hd as i64,
+                stream,
+            )
+        })
+    })
 }

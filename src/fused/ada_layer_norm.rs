@@ -2,10 +2,8 @@
 //! transformer blocks (diffusers' `FP32LayerNorm` then `norm·(1 + scale) + shift`, all in f32),
 //! in one pass. CUDA kernel: `kernels/ada_layer_norm.cu`.
 
-use super::{
-    activation_dims, contiguous_slice, cpu_float_dispatch, CpuRows, Float, RowParam, Rows,
-};
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use super::{activation_dims, CpuRows, Float, RowParam, Rows};
+use candle_core::{bail, DType, Result, Tensor};
 use rayon::prelude::*;
 
 const OP: &str = "ada_layer_norm";
@@ -100,24 +98,10 @@ impl AdaLayerNormOp {
     }
 }
 
-impl CustomOp1 for AdaLayerNormOp {
-    fn name(&self) -> &'static str {
-        "mxattn-ada-layer-norm"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = cpu_float_dispatch!(OP, s, |x: T| {
-            self.cpu_rows::<T>(contiguous_slice(OP, x, l)?)?
-        });
-        Ok((out, l.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::fused::ada_layer_norm(self, s, l)
-    }
-}
+super::fused_op1!(
+    AdaLayerNormOp,
+    "mxattn-ada-layer-norm",
+    OP,
+    cpu_rows,
+    ada_layer_norm
+);

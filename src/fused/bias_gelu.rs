@@ -2,8 +2,8 @@
 //! rounded to t's dtype first, as the projection's output would be). CUDA kernel:
 //! `kernels/bias_gelu.cu`.
 
-use super::{contiguous_slice, cpu_float_dispatch, Float};
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use super::Float;
+use candle_core::{bail, DType, Result, Tensor};
 use rayon::prelude::*;
 
 const OP: &str = "bias_gelu";
@@ -57,24 +57,4 @@ impl BiasGeluOp {
     }
 }
 
-impl CustomOp1 for BiasGeluOp {
-    fn name(&self) -> &'static str {
-        "mxattn-bias-gelu"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = cpu_float_dispatch!(OP, s, |x: T| {
-            self.cpu_rows::<T>(contiguous_slice(OP, x, l)?)?
-        });
-        Ok((out, l.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::fused::bias_gelu(self, s, l)
-    }
-}
+super::fused_op1!(BiasGeluOp, "mxattn-bias-gelu", OP, cpu_rows, bias_gelu);

@@ -2,7 +2,7 @@
 //! output projection, as one copy kernel (`kernels/merge_heads.cu`). The inverse of
 //! [`super::split_heads`] without options.
 
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 
 const OP: &str = "merge_heads";
 
@@ -29,7 +29,7 @@ pub fn merge_heads(o: &Tensor) -> Result<Tensor> {
 }
 
 impl MergeHeadsOp {
-    fn cpu<T: Copy>(&self, x: &[T]) -> Vec<T> {
+    fn cpu<T: Copy>(&self, x: &[T]) -> Result<Vec<T>> {
         let (n, heads, hd) = (self.n, self.heads, self.hd);
         let mut out = Vec::with_capacity(x.len());
         for row in 0..x.len() / (heads * hd) {
@@ -39,28 +39,8 @@ impl MergeHeadsOp {
                 out.extend_from_slice(&x[s..s + hd]);
             }
         }
-        out
+        Ok(out)
     }
 }
 
-impl CustomOp1 for MergeHeadsOp {
-    fn name(&self) -> &'static str {
-        "mxattn-merge-heads"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = super::cpu_float_dispatch!(OP, s, |x: T| {
-            self.cpu::<T>(super::contiguous_slice(OP, x, l)?)
-        });
-        Ok((out, l.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::fused::merge_heads(self, s, l)
-    }
-}
+super::fused_op1!(MergeHeadsOp, "mxattn-merge-heads", OP, cpu, merge_heads);

@@ -120,6 +120,39 @@ macro_rules! cpu_float_dispatch {
 }
 pub(crate) use cpu_float_dispatch;
 
+/// `CustomOp1` for a one-input fused op `$ty`: on the CPU, `self.$cpu::<T>(contiguous input)`
+/// (`-> Result<Vec<T>>`, same shape) for each float dtype; on CUDA, `crate::cuda::fused::$cuda`.
+macro_rules! fused_op1 {
+    ($ty:ty, $name:literal, $op:expr, $cpu:ident, $cuda:ident) => {
+        impl candle_core::CustomOp1 for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                s: &candle_core::CpuStorage,
+                l: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+                let out = $crate::fused::cpu_float_dispatch!($op, s, |x: T| {
+                    self.$cpu::<T>($crate::fused::contiguous_slice($op, x, l)?)?
+                });
+                Ok((out, l.shape().clone()))
+            }
+
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(
+                &self,
+                s: &candle_core::CudaStorage,
+                l: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+                $crate::cuda::fused::$cuda(self, s, l)
+            }
+        }
+    };
+}
+pub(crate) use fused_op1;
+
 /// The elements of a contiguous CPU storage from its layout's start.
 pub(crate) fn contiguous_slice<'a, T>(op: &str, x: &'a [T], l: &Layout) -> Result<&'a [T]> {
     match l.contiguous_offsets() {

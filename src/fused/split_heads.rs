@@ -3,8 +3,8 @@
 //! RoPE (pairs `(2i, 2i+1)`, Candle's `rope_i`) folded in: one pass instead of five. CUDA kernel:
 //! `kernels/split_heads.cu`.
 
-use super::{activation_dims, contiguous_slice, cpu_float_dispatch, Float};
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use super::{activation_dims, Float};
+use candle_core::{bail, DType, Result, Tensor};
 use rayon::prelude::*;
 
 const OP: &str = "split_heads";
@@ -144,24 +144,10 @@ impl SplitHeadsOp {
     }
 }
 
-impl CustomOp1 for SplitHeadsOp {
-    fn name(&self) -> &'static str {
-        "mxattn-split-heads"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = cpu_float_dispatch!(OP, s, |x: T| {
-            self.cpu_rows::<T>(contiguous_slice(OP, x, l)?)?
-        });
-        Ok((out, l.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        crate::cuda::fused::split_heads(self, s, l)
-    }
-}
+super::fused_op1!(
+    SplitHeadsOp,
+    "mxattn-split-heads",
+    OP,
+    cpu_rows,
+    split_heads
+);

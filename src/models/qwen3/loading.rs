@@ -33,6 +33,30 @@ fn msg(s: String) -> candle_core::Error {
 }
 
 /// tensor name → shard file name, from an index file.
+/// The index `index_path` (its weight map `map`) must place tensor `name`, found in `file`, in
+/// that file.
+pub(crate) fn check_index_entry(
+    index_path: &Path,
+    map: &BTreeMap<String, String>,
+    name: &str,
+    file: &Path,
+) -> Result<()> {
+    let fname = file.file_name().and_then(|s| s.to_str()).unwrap_or("");
+    match map.get(name) {
+        Some(shard) if shard == fname => Ok(()),
+        Some(shard) => bail!(
+            "{}: maps tensor {name} to {shard}, but it is in {}",
+            index_path.display(),
+            file.display()
+        ),
+        None => bail!(
+            "{}: does not list tensor {name} (found in {})",
+            index_path.display(),
+            file.display()
+        ),
+    }
+}
+
 pub(crate) fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| msg(format!("{}: {e}", path.display())))?;
@@ -309,20 +333,7 @@ pub fn check_checkpoint(cfg: &Config, files: &CheckpointFiles) -> Result<()> {
             );
         }
         if let Some((p, m)) = &index {
-            let fname = file.file_name().and_then(|s| s.to_str()).unwrap_or("");
-            match m.get(&name) {
-                Some(shard) if shard == fname => {}
-                Some(shard) => bail!(
-                    "{}: maps tensor {name} to {shard}, but it is in {}",
-                    p.display(),
-                    file.display()
-                ),
-                None => bail!(
-                    "{}: does not list tensor {name} (found in {})",
-                    p.display(),
-                    file.display()
-                ),
-            }
+            check_index_entry(p, m, &name, file)?;
         }
     }
     Ok(())

@@ -4,7 +4,9 @@
 //! implies looked up before any mapping, so a missing, mis-shaped or non-float tensor, or an
 //! index that disagrees with the files, is an error naming the file and the tensor.
 
-use crate::models::qwen3::loading::{diagnose_safetensors, read_index, shard_paths};
+use crate::models::qwen3::loading::{
+    check_index_entry, diagnose_safetensors, read_index, shard_paths,
+};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{bail, DType, Device, Result};
 use candle_nn::VarBuilder;
@@ -154,20 +156,7 @@ impl<'a> TensorScan<'a> {
             );
         }
         if let (Some(p), Some(m)) = (&self.files.index, &self.index) {
-            let fname = file.file_name().and_then(|s| s.to_str()).unwrap_or("");
-            match m.get(name) {
-                Some(shard) if shard == fname => {}
-                Some(shard) => bail!(
-                    "{}: maps tensor {name} to {shard}, but it is in {}",
-                    p.display(),
-                    file.display()
-                ),
-                None => bail!(
-                    "{}: does not list tensor {name} (found in {})",
-                    p.display(),
-                    file.display()
-                ),
-            }
+            check_index_entry(p, m, name, file)?;
         }
         Ok(())
     }

@@ -33,13 +33,20 @@ pub fn timed<T>(device: &Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
     if !enabled() {
         return f();
     }
+    let (out, secs) = synchronized(device, f)?;
+    NANOS.fetch_add((secs * 1e9) as u64, Ordering::Relaxed);
+    CALLS.fetch_add(1, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// `f`'s result and its seconds between device synchronizations (so the time is the kernels',
+/// not the launches').
+fn synchronized<T>(device: &Device, f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     device.synchronize()?;
     let t0 = Instant::now();
     let out = f()?;
     device.synchronize()?;
-    NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    CALLS.fetch_add(1, Ordering::Relaxed);
-    Ok(out)
+    Ok((out, t0.elapsed().as_secs_f64()))
 }
 
 static STAGES_ON: AtomicBool = AtomicBool::new(false);
@@ -56,11 +63,7 @@ pub fn stage<T>(device: &Device, name: &'static str, f: impl FnOnce() -> Result<
     if !STAGES_ON.load(Ordering::Relaxed) {
         return f();
     }
-    device.synchronize()?;
-    let t0 = Instant::now();
-    let out = f()?;
-    device.synchronize()?;
-    let dt = t0.elapsed().as_secs_f64();
+    let (out, dt) = synchronized(device, f)?;
     let mut s = STAGES.lock().unwrap_or_else(|e| e.into_inner());
     match s.iter_mut().find(|e| e.0 == name) {
         Some(e) => {

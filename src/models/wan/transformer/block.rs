@@ -181,14 +181,7 @@ impl WanAttention {
                 split_heads(&v, self.heads, &plain)?,
             ))
         })?;
-        let name = if ctx.is_some() {
-            "cross-attention"
-        } else {
-            "self-attention"
-        };
-        let o = stage(dev, name, || {
-            super::super::profile::timed(dev, || attention(&q, &k, &v, cfg))
-        })?;
+        let o = attend(ctx.is_some(), &q, &k, &v, cfg)?;
         let o = stage(dev, "merge heads", || merge_heads(&o))?;
         stage(dev, "output projection", || matmul(&o, &self.to_out))
     }
@@ -233,17 +226,30 @@ impl WanAttention {
         if let Some(r) = rope {
             (q, k) = stage(dev, "RoPE (f32)", || Ok((r.apply(&q)?, r.apply(&k)?)))?;
         }
-        let name = if ctx.is_some() {
-            "cross-attention"
-        } else {
-            "self-attention"
-        };
-        let o = stage(dev, name, || {
-            super::super::profile::timed(dev, || attention(&q, &k, &v, cfg))
-        })?;
+        let o = attend(ctx.is_some(), &q, &k, &v, cfg)?;
         let o = stage(dev, "merge heads", || self.merge_heads(&o))?;
         stage(dev, "output projection", || self.to_out.forward(&o))
     }
+}
+
+/// The attention call of a [`WanAttention`], timed as its own stage (and in the attention
+/// total of `--profile-attention`).
+fn attend(
+    cross: bool,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cfg: &AttentionConfig,
+) -> Result<Tensor> {
+    let name = if cross {
+        "cross-attention"
+    } else {
+        "self-attention"
+    };
+    let dev = q.device();
+    stage(dev, name, || {
+        super::super::profile::timed(dev, || attention(q, k, v, cfg))
+    })
 }
 
 /// Linear → GELU (tanh) → Linear.
