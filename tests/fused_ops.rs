@@ -8,6 +8,9 @@ use mxattn::fused::{
     ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
 };
 
+mod common;
+use common::max_abs_diff;
+
 const DEV: Device = Device::Cpu;
 
 /// Uniform values in [lo, lo + 4) from a fixed LCG.
@@ -31,14 +34,6 @@ fn flat(t: &Tensor) -> Vec<f32> {
         .unwrap()
         .to_vec1()
         .unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    flat(a)
-        .iter()
-        .zip(flat(b))
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
 const B: usize = 2;

@@ -14,6 +14,9 @@ use mxattn::mx::{ElemFormat, ScaleMode};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::max_abs_diff;
+
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/qwen3")
@@ -58,20 +61,6 @@ fn load(model: &str, schedule: &str, dtype: DType) -> Qwen3 {
 
 fn ids(v: &[u32]) -> Tensor {
     Tensor::new(v, &Device::Cpu).unwrap().unsqueeze(0).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn all_finite(t: &Tensor) -> bool {

@@ -8,10 +8,12 @@ use mxattn::attention::AttentionConfig;
 use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
 use mxattn::models::wan::schedule::ScheduleSpec;
 use mxattn::models::wan::scheduler::SamplerKind;
-use mxattn::models::wan::{AttnKind, AttnPolicy, AttnSite};
+use mxattn::models::wan::AttnKind;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+
+mod common;
+use common::{max_abs_diff, Recorder};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan")
@@ -69,19 +71,6 @@ fn load() -> WanPipeline {
     p
 }
 
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
 #[test]
 fn tiny_pipeline_matches_diffusers_step_by_step() {
     let e = expected();
@@ -95,9 +84,9 @@ fn tiny_pipeline_matches_diffusers_step_by_step() {
     let o = options(&e);
     let (cond, uncond) = pipe.encode_prompts(&o).unwrap();
     // the text the transformers see: cleaned, tokenized, encoded, trimmed and zero-padded
-    let d = max_diff(&cond, &e.tensors["prompt_embeds"]);
+    let d = max_abs_diff(&cond, &e.tensors["prompt_embeds"]);
     assert!(d < 1e-5, "prompt embeddings: {d:e}");
-    let d = max_diff(
+    let d = max_abs_diff(
         uncond.as_ref().unwrap(),
         &e.tensors["negative_prompt_embeds"],
     );
@@ -128,7 +117,7 @@ fn tiny_pipeline_matches_diffusers_step_by_step() {
             &exact,
             |info, x| {
                 let want = &e.tensors[&format!("latents_step{}", info.step)];
-                let d = max_diff(x, want);
+                let d = max_abs_diff(x, want);
                 worst = worst.max(d);
                 assert!(d < 1e-4, "step {}: max diff {d:e}", info.step);
                 experts.push(info.expert);
@@ -141,7 +130,7 @@ fn tiny_pipeline_matches_diffusers_step_by_step() {
         experts.contains(&0) && experts.contains(&1),
         "the fixture must exercise both experts"
     );
-    let d = max_diff(&fin, &e.tensors["latents_final"]);
+    let d = max_abs_diff(&fin, &e.tensors["latents_final"]);
     assert!(d < 1e-4, "final latents: {d:e}");
     // the video
     let mut frames = Vec::new();
@@ -153,19 +142,9 @@ fn tiny_pipeline_matches_diffusers_step_by_step() {
     let video = Tensor::cat(&frames, 2).unwrap();
     let want = &e.tensors["video"];
     assert_eq!(video.dims(), want.dims());
-    let d = max_diff(&video, want);
+    let d = max_abs_diff(&video, want);
     assert!(d < 1e-4, "video: {d:e}");
     println!("worst step diff {worst:e}, video {d:e}");
-}
-
-/// Records the call sites a run asks about.
-struct Recorder(Mutex<Vec<AttnSite>>);
-
-impl AttnPolicy for Recorder {
-    fn config(&self, site: &AttnSite) -> AttentionConfig {
-        self.0.lock().unwrap().push(*site);
-        AttentionConfig::exact()
-    }
 }
 
 #[test]
@@ -174,7 +153,7 @@ fn schedules_see_every_site_and_quantized_runs_stay_finite() {
     let pipe = load();
     let o = options(&e);
     let (cond, uncond) = pipe.encode_prompts(&o).unwrap();
-    let rec = Recorder(Mutex::new(Vec::new()));
+    let rec = Recorder::exact();
     pipe.denoise(
         &o,
         e.tensors["latents_init"].clone(),
@@ -184,7 +163,7 @@ fn schedules_see_every_site_and_quantized_runs_stay_finite() {
         |_, _| Ok(()),
     )
     .unwrap();
-    let sites = rec.0.into_inner().unwrap();
+    let sites = rec.sites();
     let layers = pipe.experts[0].config().num_layers;
     // steps × (cond + uncond) × layers × (self + cross)
     assert_eq!(sites.len(), o.steps * 2 * layers * 2);
@@ -208,7 +187,7 @@ fn schedules_see_every_site_and_quantized_runs_stay_finite() {
         .unwrap();
     let v: Vec<f32> = q.flatten_all().unwrap().to_vec1().unwrap();
     assert!(v.iter().all(|x| x.is_finite()));
-    let d = max_diff(&q, &e.tensors["latents_final"]);
+    let d = max_abs_diff(&q, &e.tensors["latents_final"]);
     assert!(
         d > 1e-5,
         "the quantized schedule must differ from exact ({d:e})"

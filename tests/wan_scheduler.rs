@@ -12,6 +12,9 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::max_abs_diff;
+
 const DEV: Device = Device::Cpu;
 
 fn fixtures() -> PathBuf {
@@ -47,20 +50,6 @@ fn unipc_config(kwargs: &Value) -> UniPcConfig {
         v[k] = x.clone();
     }
     UniPcConfig::from_json(&v.to_string()).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn check_schedule(name: &str, s: &dyn FlowScheduler, ts: &Tensor, sigmas: &Tensor) {

@@ -9,11 +9,13 @@ use mxattn::models::wan::transformer::{
     check_files, expected_tensors, expert_dirs, original_name, Layout, TransformerConfig,
     WanTransformer,
 };
-use mxattn::models::wan::{AttnKind, AttnPolicy, AttnSite};
+use mxattn::models::wan::{AttnKind, AttnPolicy};
 use mxattn::mx::ElemFormat;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+
+mod common;
+use common::{max_abs_diff, Recorder};
 
 const DEV: Device = Device::Cpu;
 
@@ -38,20 +40,6 @@ fn case(name: &str) -> Case {
         text: get("text"),
         out: get("out"),
     }
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn mean_abs(a: &Tensor) -> f32 {
@@ -274,19 +262,6 @@ fn missing_or_misshapen_tensors_are_named() {
     }
 }
 
-/// Records every call site the model asks about and answers `cfg`.
-struct Recorder {
-    cfg: AttentionConfig,
-    sites: Mutex<Vec<AttnSite>>,
-}
-
-impl AttnPolicy for Recorder {
-    fn config(&self, site: &AttnSite) -> AttentionConfig {
-        self.sites.lock().unwrap().push(*site);
-        self.cfg.clone()
-    }
-}
-
 /// A Fused-Softmax MXFP8 schedule reaches every attention: the output is finite, differs from
 /// exact attention by a quantization-sized amount, and the policy saw each (layer, kind) once.
 #[test]
@@ -299,10 +274,7 @@ fn quantized_policy_runs_and_sees_every_site() {
     for name in ["a14b", "ti2v5b"] {
         let m = load(name);
         let c = case(name);
-        let rec = Recorder {
-            cfg: cfg.clone(),
-            sites: Mutex::new(Vec::new()),
-        };
+        let rec = Recorder::new(cfg.clone());
         let out = m
             .forward(&c.latents, &c.timestep, &c.text, &rec, 1, 7)
             .unwrap();
@@ -315,7 +287,7 @@ fn quantized_policy_runs_and_sees_every_site() {
             "quantized attention gave the exact result: was it used?"
         );
         assert!(d < 0.5 * mean_abs(&c.out) + 0.5, "{d}");
-        let sites = rec.sites.into_inner().unwrap();
+        let sites = rec.sites();
         assert_eq!(sites.len(), 4, "{sites:?}");
         let got: BTreeSet<(usize, usize, usize, bool)> = sites
             .iter()

@@ -11,6 +11,9 @@ use mxattn::models::wan::umt5::{
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::max_abs_diff;
+
 const DEV: Device = Device::Cpu;
 
 fn fixtures() -> PathBuf {
@@ -37,22 +40,6 @@ fn prompts() -> Vec<String> {
         .iter()
         .map(|p| p.as_str().unwrap().to_string())
         .collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    let a = a.to_dtype(DType::F32).unwrap();
-    let b = b.to_dtype(DType::F32).unwrap();
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn ids_vec(t: &Tensor) -> Vec<Vec<i64>> {

@@ -10,11 +10,12 @@ use mxattn::models::wan::vae::blocks::MidAttention;
 use mxattn::models::wan::vae::{
     exact_attention, expected_tensors, VaeConfig, WanVae, VAE_MID_SITE,
 };
-use mxattn::models::wan::{AttnPolicy, AttnSite};
 use mxattn::mx::ElemFormat;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+
+mod common;
+use common::{max_abs_diff, Recorder};
 
 const DEV: Device = Device::Cpu;
 
@@ -29,20 +30,6 @@ fn expected(name: &str) -> (Tensor, Tensor) {
         all[&format!("{name}.latents")].clone(),
         all[&format!("{name}.video")].clone(),
     )
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn exact() -> AttentionConfig {
@@ -259,24 +246,13 @@ fn bad_latents_are_errors() {
     assert!(e.contains("inf") && e.contains("index 9"), "{e}");
 }
 
-/// Records every call site the model asks about, and answers exact attention.
-#[derive(Default)]
-struct Recorder(Mutex<Vec<AttnSite>>);
-
-impl AttnPolicy for Recorder {
-    fn config(&self, site: &AttnSite) -> AttentionConfig {
-        self.0.lock().unwrap().push(*site);
-        AttentionConfig::exact()
-    }
-}
-
 #[test]
 fn mid_attention_asks_the_policy_once_per_chunk() {
     let vae = WanVae::load(fixtures().join("wan21"), DType::F32, &DEV).unwrap();
     let (z, _) = expected("wan21");
-    let rec = Recorder::default();
+    let rec = Recorder::exact();
     vae.decode(&z, &rec).unwrap();
-    let sites = rec.0.lock().unwrap().clone();
+    let sites = rec.sites();
     assert_eq!(sites.len(), z.dim(2).unwrap());
     assert!(sites.iter().all(|s| *s == VAE_MID_SITE));
     assert!(!vae.mid_attention_uses_fallback());
