@@ -9,23 +9,9 @@ use mxattn::fused::{
 };
 
 mod common;
-use common::max_abs_diff;
+use common::{max_abs_diff, uniform as vals};
 
 const DEV: Device = Device::Cpu;
-
-/// Uniform values in [lo, lo + 4) from a fixed LCG.
-fn vals(shape: &[usize], seed: u64, lo: f32) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..shape.iter().product::<usize>())
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            lo + 4.0 * ((s >> 40) as f32 / (1u64 << 24) as f32)
-        })
-        .collect();
-    Tensor::from_vec(v, shape, &DEV).unwrap()
-}
 
 fn flat(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32)

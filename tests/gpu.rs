@@ -12,6 +12,8 @@ use mxattn::mx::{self, ElemFormat, ScaleMode, ALL_FORMATS};
 use mxattn::oracle::{mean_max, row_relative_differences};
 use mxattn::synth::{self, Distribution, Shape};
 
+mod common;
+
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
@@ -528,19 +530,9 @@ fn fused_outputs(dev: &Device, dtype: DType, seed: u64) -> Vec<(String, Tensor)>
     };
     let (b, n, heads, hd) = (2, 37, 3, 130);
     let d = heads * hd;
-    // uniform in [-1.7, 2.3) from a fixed LCG: the same values for both devices
+    // the same values for both devices
     let r = |shape: &[usize], s: u64, dt: DType| {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ s.wrapping_add(1);
-        let v: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 1.7
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu)
-            .unwrap()
+        common::uniform(shape, seed * 1000 + s, -1.7)
             .to_dtype(dt)
             .unwrap()
             .to_device(dev)

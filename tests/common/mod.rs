@@ -33,6 +33,20 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// A CPU f32 tensor of uniform values in [lo, lo + 4) from a fixed LCG seeded by `seed`.
+pub fn uniform(shape: &[usize], seed: u64, lo: f32) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let v: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + 4.0 * ((s >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
+}
+
 /// The largest |a − b| over all elements, compared in f32; the shapes must match.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
