@@ -12,10 +12,10 @@
 //!         --device cuda --size 832x480 --frames 17 --steps 8
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
+use mxattn::models::device_args::DeviceArgs;
 use mxattn::models::wan::fidelity::{cosine, rel_l2, VideoFidelity};
 use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
 use mxattn::models::wan::schedule::{help as schedule_help, ScheduleSpec};
@@ -82,12 +82,9 @@ struct Args {
     vae_exact: bool,
     #[arg(long, default_value = "evals/results/wan_fidelity")]
     out_dir: PathBuf,
-    #[arg(long)]
-    cpu: bool,
-    #[arg(long)]
-    device: Option<String>,
-    #[arg(long)]
-    dtype: Option<String>,
+    /// --cpu, --device, --dtype.
+    #[command(flatten)]
+    dev: DeviceArgs,
     #[arg(long)]
     quiet: bool,
 }
@@ -114,16 +111,8 @@ struct Run {
 fn main() -> Result<()> {
     let cmd = Args::command().after_help(schedule_help());
     let a = Args::from_arg_matches(&cmd.get_matches())?;
-    let device = if a.cpu {
-        Device::Cpu
-    } else {
-        parse_device(a.device.as_deref().unwrap_or("cpu"))?
-    };
-    let dtype = match &a.dtype {
-        Some(d) => parse_dtype(d)?,
-        None if device.is_cpu() => DType::F32,
-        None => DType::BF16,
-    };
+    let device = a.dev.device()?;
+    let dtype = a.dev.dtype(&device)?;
     let pipe = match (&a.model_dir, a.random_weights) {
         (Some(d), false) => WanPipeline::load(d, dtype, dtype, &device)
             .with_context(|| format!("loading {}", d.display()))?,

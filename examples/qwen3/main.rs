@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
+use mxattn::models::device_args::DeviceArgs;
 use mxattn::models::qwen3::chat::{self, Message, Role, SpecialTokens, TextStream};
 use mxattn::models::qwen3::generation::{generate, Sampler, SamplingParams};
 use mxattn::models::qwen3::loading::{self, ModelSource};
@@ -101,15 +102,9 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     repeat_last_n: usize,
 
-    /// Run on the CPU (same as --device cpu).
-    #[arg(long)]
-    cpu: bool,
-    /// cpu, cuda or cuda:N (default: cpu).
-    #[arg(long)]
-    device: Option<String>,
-    /// f32, bf16 or f16 (default: f32 on the CPU, bf16 on a GPU).
-    #[arg(long)]
-    dtype: Option<String>,
+    /// --cpu, --device, --dtype.
+    #[command(flatten)]
+    dev: DeviceArgs,
 
     /// One attention config for every layer (see the list below).
     #[arg(long, default_value = "bf16")]
@@ -134,16 +129,8 @@ fn mib(b: usize) -> f64 {
 }
 
 fn run(a: Args) -> Result<()> {
-    let device = if a.cpu {
-        candle_core::Device::Cpu
-    } else {
-        loading::parse_device(a.device.as_deref().unwrap_or("cpu"))?
-    };
-    let dtype = match &a.dtype {
-        Some(d) => loading::parse_dtype(d)?,
-        None if device.is_cpu() => candle_core::DType::F32,
-        None => candle_core::DType::BF16,
-    };
+    let device = a.dev.device()?;
+    let dtype = a.dev.dtype(&device)?;
     let schedule = match &a.attn_schedule {
         Some(s) => ScheduleSpec::parse(s)?,
         None => ScheduleSpec::uniform(&a.attn)?,

@@ -9,10 +9,9 @@
 //! `--help` documents every flag, the attention-schedule grammar and the config names.
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
+use mxattn::models::device_args::{dtype_or_default, DeviceArgs};
 use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
 use mxattn::models::wan::schedule::{help as schedule_help, ScheduleSpec};
 use mxattn::models::wan::scheduler::SamplerKind;
@@ -125,15 +124,9 @@ struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
 
-    /// Run on the CPU (same as --device cpu).
-    #[arg(long)]
-    cpu: bool,
-    /// cpu, cuda or cuda:N (default: cpu).
-    #[arg(long)]
-    device: Option<String>,
-    /// Transformer / text-encoder dtype: f32, bf16, f16 (default f32 on the CPU, bf16 on a GPU).
-    #[arg(long)]
-    dtype: Option<String>,
+    /// --cpu, --device, --dtype (the transformer's and the text encoder's).
+    #[command(flatten)]
+    dev: DeviceArgs,
     /// VAE dtype (default: f32 on the CPU, bf16 on a GPU).
     #[arg(long)]
     vae_dtype: Option<String>,
@@ -165,28 +158,9 @@ fn bar(n: u64, what: &str, quiet: bool) -> ProgressBar {
 }
 
 fn run(a: Args) -> Result<()> {
-    let device = if a.cpu {
-        Device::Cpu
-    } else {
-        parse_device(a.device.as_deref().unwrap_or("cpu"))?
-    };
-    let default_dt = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
-    let dtype = a
-        .dtype
-        .as_deref()
-        .map(parse_dtype)
-        .transpose()?
-        .unwrap_or(default_dt);
-    let vae_dtype = a
-        .vae_dtype
-        .as_deref()
-        .map(parse_dtype)
-        .transpose()?
-        .unwrap_or(default_dt);
+    let device = a.dev.device()?;
+    let dtype = a.dev.dtype(&device)?;
+    let vae_dtype = dtype_or_default(a.vae_dtype.as_deref(), &device)?;
     let variant: WanVariant = match &a.variant {
         Some(v) => v.parse()?,
         None if a.model.to_ascii_lowercase().contains("5b") => WanVariant::Ti2v5b,

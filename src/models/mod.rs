@@ -1,4 +1,5 @@
 //! Models whose attention runs through [`crate::attention::attention`].
 
+pub mod device_args;
 pub mod qwen3;
 pub mod wan;
