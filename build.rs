@@ -9,7 +9,11 @@ use std::process::Command;
 
 /// Sources whose arithmetic must match the CPU reference op for op: no contraction of
 /// a*b+c into FMA.
-const NO_FMA: &[&str] = &["mx_quantize.cu", "attention_simple.cu"];
+const NO_FMA: &[&str] = &[
+    "mx_quantize.cu",
+    "attention_simple.cu",
+    "attention_wgmma_pack.cu",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

@@ -122,7 +122,9 @@ fn main() -> Result<()> {
         ProbFormat::Fp8 { elem: E4M3 },
     );
     // (name, config, kernel): `Auto` takes the fastest kernel for the call (wgmma at head
-    // dim 128); the `[mma.sync]` rows force the older BF16 tensor-core kernel for comparison.
+    // dim 128); the `[mma.sync]` rows force the older BF16 tensor-core kernel for comparison,
+    // the `[staged prep]` rows the wgmma kernel with its operands prepared in f32 and packed
+    // in a second pass (the route before one-pass packing).
     let entries: Vec<(&str, AttentionConfig, GpuPath)> = vec![
         ("mxattn exact bf16", AttentionConfig::exact(), GpuPath::Auto),
         (
@@ -159,6 +161,16 @@ fn main() -> Result<()> {
             "mxattn fused-softmax u8, MXFP4 QK, MXFP4 V",
             fused(E2M1, OperandFormat::mx(E2M1), FusedProbs::U8Code),
             GpuPath::Auto,
+        ),
+        (
+            "mxattn fused-softmax u8, MXFP4 QK, MXFP4 V [staged prep]",
+            fused(E2M1, OperandFormat::mx(E2M1), FusedProbs::U8Code),
+            GpuPath::WgmmaStaged,
+        ),
+        (
+            "mxattn fused-softmax u8, MXFP8 QK, FP8 V [staged prep]",
+            fused(E4M3, fp8v, FusedProbs::U8Code),
+            GpuPath::WgmmaStaged,
         ),
         (
             "mxattn EFQ-MMLU, MXFP4 QK, FP8 V",

@@ -6,20 +6,13 @@
 // Also the fallback of the fast kernels for shapes they do not take.
 #include <stdint.h>
 #include "softmax_algos.cuh"
-
-static __device__ __forceinline__ float load_val(const void* p, int64_t i, int dtype) {
-  if (dtype == 1) return bf16_to_f32(((const bf16_t*)p)[i]);
-  if (dtype == 2) return f16_to_f32(((const f16_t*)p)[i]);
-  return ((const float*)p)[i];
-}
+#include "operand_load.cuh"
 
 static __device__ __forceinline__ void store_val(void* p, int64_t i, int dtype, float v) {
   if (dtype == 1) ((bf16_t*)p)[i] = f32_to_bf16(v);
   else if (dtype == 2) ((f16_t*)p)[i] = __float2half_rn(v);
   else ((float*)p)[i] = v;
 }
-
-static __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 // ---- operand preparation -------------------------------------------------------------
 
@@ -234,6 +227,8 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
 
 // v_unscaled and vscale (may be null): for per-channel FP8 V, the decoded codes and the
 // per-(batch, kv head, channel) scales.
+// qp and kp null: Q and K are not prepared here (the wgmma path packs them straight from
+// the inputs); vp null: likewise V.
 extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void* k, const void* v, float* qp,
                                   float* kp, float* vp, float* v_unscaled, float* vscale, int* bad,
                                   gpuStream_t stream) {
@@ -241,12 +236,13 @@ extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void
   const int warps = 4;
   const size_t smem = (size_t)warps * P->d * sizeof(float);
   const int64_t qrows = (int64_t)P->b * P->hq * P->sq, krows = (int64_t)P->b * P->hkv * P->sk;
-  if (qrows > 0)
+  if (qrows > 0 && qp)
     prep_qk_kernel<<<(unsigned)((qrows + warps - 1) / warps), warps * 32, smem, stream>>>(
         q, P->in_dtype, qrows, P->d, P->q_scale, P->hadamard, P->hadamard_scale, P->qk, qp, bad);
-  if (krows > 0)
+  if (krows > 0 && kp)
     prep_qk_kernel<<<(unsigned)((krows + warps - 1) / warps), warps * 32, smem, stream>>>(
         k, P->in_dtype, krows, P->d, 1.0f, P->hadamard, P->hadamard_scale, P->qk, kp, bad);
+  if (!vp) return mxa_status();
   const int64_t vt = (int64_t)P->b * P->hkv * P->d;
   const bool per_channel = P->v.kind == OPK_PER_CHANNEL;
   if (per_channel && !vscale) return MXA_ERR_ARGS;  // its amax gathers there

@@ -7,14 +7,14 @@
 // one's softmax overlaps the other's MMAs. Two operand types:
 //
 // * FP8 E4M3 (Fused-Softmax, exp→E4M3): Q and K arrive as E4M3 codes with a power-of-two
-//   scale per query row and per 128-key tile (mxa_pack_rows); every MX/FP8 value of the
+//   scale per query row and per 128-key tile (attention_wgmma_pack.cu); every MX/FP8 value of the
 //   quantized operand is re-expressed exactly unless the row's or tile's blocks span more
 //   binades than E4M3's subnormals reach (then its lowest bits round). The scales fold into
 //   one multiplier per row and tile: A = S_mma·mult + bias is a single FFMA, after which
 //   P is produced without exponentials (u8 code: a float add of 1.5·2^23 and a byte pick;
 //   fp32 bits: the integer cast and one cvt to E4M3). P stays in registers as the A
 //   operand of the PV MMA; Vᵀ's keys are permuted within each 32-key group
-//   (mxa_pack_vt) so the accumulator layout of S is the A-fragment layout of P.
+//   (attention_wgmma_pack.cu) so the accumulator layout of S is the A-fragment layout of P.
 // * BF16 (exact softmax): the same loop with exp2 on the MUFU pipe.
 //
 // L (the row sum) comes out of the PV MMA itself: Vᵀ in shared memory carries an extra
@@ -32,12 +32,6 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams*) { return 0; }
 extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
 extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
-extern "C" int mxa_pack_rows(const float*, int64_t, int, int, int, int, int, void*, float*, gpuStream_t) {
-  return MXA_ERR_ARGS;
-}
-extern "C" int mxa_pack_vt(const float*, int64_t, int, int, int, const float*, void*, float*, gpuStream_t) {
-  return MXA_ERR_ARGS;
-}
 extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*, const void*, const float*,
                                    const void*, const float*, int, int, void*, unsigned long long*, int*,
                                    gpuStream_t) {
@@ -47,13 +41,10 @@ extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*,
 #include <cuda_fp8.h>
 #include <type_traits>
 #include "wgmma_ops.cuh"
+#include "wgmma_layout.cuh"
 
 namespace wg {
 
-constexpr int D = 128;        // head dim
-constexpr int BR = 64;        // query rows per CTA (one warpgroup)
-constexpr int VROWS = D + 8;  // Vᵀ rows in shared memory: D channels, the ones row, 7 zero rows
-constexpr int BC_ALL = 128;   // keys per KV tile (and per K scale)
 constexpr float MAGIC = 12582912.0f;  // 1.5·2^23: x + MAGIC holds rint(x) in its low mantissa bits
 
 static __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -92,12 +83,6 @@ static __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
          ((uint64_t)1 << 62);
 }
 
-// Byte offset of 16-byte chunk `c` of row `r` in a tile of `rows` rows stored as 128-byte
-// column blocks (the layout desc_sw128 describes).
-static __device__ __forceinline__ uint32_t sw128(int rows, int r, int c) {
-  return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
 // Accumulator rows: element 4i + {0,1} is row g, 4i + {2,3} row g + 8.
 static __device__ __forceinline__ void scale_rows(float (&o)[68], const float (&alpha)[2]) {
 #pragma unroll
@@ -115,11 +100,6 @@ static __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const uint32_t l = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo));
-  const uint32_t h = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi));
-  return l | (h << 16);
-}
 static __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
@@ -128,131 +108,6 @@ static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c,
   const uint32_t ab = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
   const uint32_t cd = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
   return __byte_perm(ab, cd, 0x5410);
-}
-
-// Smallest e with amax ≤ 448·2^e (0 for amax = 0): the power-of-two scale that fits a
-// row or tile of quantized values into E4M3 without saturating.
-static __device__ __forceinline__ int e4m3_fit_exp(float amax) {
-  if (!(amax > 0.0f)) return 0;
-  int e;
-  const float m = frexpf(amax / 448.0f, &e);
-  if (m == 0.5f) e -= 1;
-  if (ldexpf(448.0f, e) < amax) e += 1;
-  while (e > -126 && ldexpf(448.0f, e - 1) >= amax) e -= 1;
-  return e;
-}
-
-// ---------------------------------------------------------------- operand packing
-//
-// Global layouts the kernel copies verbatim into shared memory (one bulk copy per tile):
-// * Q: per head, blocks of BR rows, each [colblock][BR rows][128 B], 16-byte chunks
-//   XOR-swizzled by row (sw128);
-// * K: per head, tiles of BC keys, each [colblock][BC keys][128 B], swizzled the same way;
-// * Vᵀ: per head, tiles of BC keys, each [colblock][D channels][128 B]: channel rows of
-//   the tile's keys (FP8: permuted per 32-key group by perm_pos), swizzled.
-
-// Position of key j of a 32-key group in the PV A fragment (see the file comment): the
-// thread holding S columns {2t, 2t+1, 2t+8, 2t+9} of a 16-key half feeds k = 4t..4t+3.
-static __host__ __device__ constexpr int perm_pos(int j) {
-  return (j & 16) + 4 * ((j >> 1) & 3) + (j & 1) + 2 * ((j >> 3) & 1);
-}
-
-// Byte offset of byte `b` of row `r` in a packed tile of `rows` rows.
-static __device__ __forceinline__ int64_t tile_off(int rows, int r, int b) {
-  return (int64_t)sw128(rows, r, b >> 4) + (b & 15);
-}
-
-// Rows of D f32 → E4M3 with one power-of-two scale per `group` rows (FP8), or → bf16,
-// into tiles of `tile` rows (tile a multiple of group). Rows past `rows` (up to rows_pad)
-// are zero. One block per (group, head).
-__global__ void pack_rows_kernel(const float* __restrict__ src, int rows, int rows_pad, int group, int tile, int fp8,
-                                 uint8_t* __restrict__ dst, float* __restrict__ scales) {
-  const int head = blockIdx.y;
-  const int r0 = blockIdx.x * group;
-  const float* s = src + (int64_t)head * rows * D;
-  const int es = fp8 ? 1 : 2;
-  __shared__ float red[32];
-  float inv = 1.0f;
-  if (fp8) {
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-      const int r = r0 + i / D;
-      if (r < rows) amax = fmaxf(amax, fabsf(s[(int64_t)r * D + i % D]));
-    }
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float a = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-      for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-      if (threadIdx.x == 0) red[0] = a;
-    }
-    __syncthreads();
-    const int e = e4m3_fit_exp(red[0]);
-    inv = ldexpf(1.0f, -e);
-    if (threadIdx.x == 0) scales[(int64_t)head * (rows_pad / group) + blockIdx.x] = ldexpf(1.0f, e);
-  }
-  uint8_t* dh = dst + (int64_t)head * rows_pad * D * es;
-  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-    const int r = r0 + i / D, c = i % D;
-    const float x = r < rows ? s[(int64_t)r * D + c] * inv : 0.0f;
-    uint8_t* t = dh + (int64_t)(r / tile) * tile * D * es;
-    const int64_t o = tile_off(tile, r % tile, c * es);
-    if (fp8) t[o] = (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-    else *(bf16_t*)(t + o) = __float2bfloat16_rn(x);
-  }
-}
-
-// Largest |v| per (head, channel), as f32 bits (non-negative floats order like integers).
-__global__ void channel_amax_kernel(const float* __restrict__ src, int rows, int chunk, unsigned* __restrict__ amax) {
-  const int head = blockIdx.y, c = threadIdx.x;
-  const float* s = src + (int64_t)head * rows * D;
-  float a = 0.0f;
-  const int r1 = min(rows, (int)(blockIdx.x + 1) * chunk);
-  for (int r = blockIdx.x * chunk; r < r1; r++) a = fmaxf(a, fabsf(s[(int64_t)r * D + c]));
-  atomicMax(&amax[head * D + c], __float_as_uint(a));
-}
-
-__global__ void channel_scale_kernel(const unsigned* __restrict__ amax, int n, float* __restrict__ scale) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = ldexpf(1.0f, e4m3_fit_exp(__uint_as_float(amax[i])));
-}
-
-// V [rows, D] f32 → packed Vᵀ tiles: E4M3 codes of v / scale[c] (divide) or of v as given,
-// keys permuted per 32-key group (FP8), or bf16 in key order. One block of D threads per
-// 32 keys; thread c writes its channel's 32 keys.
-template <bool FP8>
-__global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows_pad, const float* __restrict__ scale,
-                               int divide, uint8_t* __restrict__ dst) {
-  constexpr int ES = FP8 ? 1 : 2;
-  const int head = blockIdx.y, c = threadIdx.x, k0 = blockIdx.x * 32;
-  const float* s = src + (int64_t)head * rows * D;
-  uint8_t* t = dst + (int64_t)head * rows_pad * D * ES + (int64_t)(k0 / BC_ALL) * BC_ALL * D * ES;
-  const int b0 = (k0 % BC_ALL) * ES;  // first byte of this group in the channel's tile row
-  uint32_t w[8 * ES];
-  if (FP8) {
-    const float inv = divide ? 1.0f / scale[head * D + c] : 1.0f;  // a power of two
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = 0;
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-      const int r = k0 + j;
-      const float x = r < rows ? s[(int64_t)r * D + c] * inv : 0.0f;
-      const uint32_t b = (uint32_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-      const int p = perm_pos(j);
-      w[p >> 2] |= b << (8 * (p & 3));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 32; j += 2) {
-      const float x0 = k0 + j < rows ? s[(int64_t)(k0 + j) * D + c] : 0.0f;
-      const float x1 = k0 + j + 1 < rows ? s[(int64_t)(k0 + j + 1) * D + c] : 0.0f;
-      w[j / 2] = pack_bf16(x0, x1);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2 * ES; i++)  // 16-byte chunks
-    *(uint4*)(t + tile_off(D, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
 
 // ---------------------------------------------------------------- the attention kernel
@@ -717,46 +572,6 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
 extern "C" int mxa_wgmma_rows_per_cta() { return wg::ROWS; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return wg::BR; }
 extern "C" int mxa_wgmma_keys_per_tile() { return wg::BC_ALL; }
-
-// group: rows per FP8 scale (1 for Q, keys per tile for K); tile: rows per packed tile
-// (one warpgroup's query rows for Q, keys per tile for K).
-extern "C" int mxa_pack_rows(const float* src, int64_t heads, int rows, int rows_pad, int group, int tile, int fp8,
-                             void* dst, float* scales, gpuStream_t stream) {
-  if (heads <= 0 || rows_pad <= 0) return MXA_OK;
-  if (rows_pad % tile != 0 || tile % group != 0 || heads > 65535) return MXA_ERR_ARGS;
-  dim3 grid((unsigned)(rows_pad / group), (unsigned)heads);
-  wg::pack_rows_kernel<<<grid, group == 1 ? 128 : 256, 0, stream>>>(src, rows, rows_pad, group, tile, fp8,
-                                                                     (uint8_t*)dst, scales);
-  return mxa_status();
-}
-
-// chscale: the per-channel scales of FP8 per-channel V (its values are already on the E4M3
-// grid), or null to derive a power-of-two scale per channel from the values.
-extern "C" int mxa_pack_vt(const float* src, int64_t heads, int rows, int rows_pad, int fp8, const float* chscale,
-                           void* dst, float* vscale, gpuStream_t stream) {
-  if (heads <= 0 || rows_pad <= 0) return MXA_OK;
-  if (rows_pad % wg::BC_ALL != 0 || heads > 65535) return MXA_ERR_ARGS;
-  const int n = (int)heads * wg::D;
-  dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
-  if (fp8) {
-    if (chscale) {
-      if (cudaMemcpyAsync(vscale, chscale, n * sizeof(float), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
-        return MXA_ERR_LAUNCH;
-    } else {
-      unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
-      if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
-      const int chunk = 512;
-      dim3 g1((unsigned)((rows + chunk - 1) / chunk), (unsigned)heads);
-      if (rows > 0) wg::channel_amax_kernel<<<g1, wg::D, 0, stream>>>(src, rows, chunk, amax);
-      wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
-    }
-    wg::pack_vt_kernel<true><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, vscale, chscale == nullptr,
-                                                         (uint8_t*)dst);
-  } else {
-    wg::pack_vt_kernel<false><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, nullptr, 0, (uint8_t*)dst);
-  }
-  return mxa_status();
-}
 
 extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const float* qmul, const void* k,
                                    const float* kmul, const void* vt, const float* vscale, int sq_pad, int sk_pad,

@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use mxattn::attention::{
     attention_ext, AttentionConfig, CpuPath, EfqConfig, EfqRule, EfqScale, FusedProbs,
-    FusedSoftmaxConfig, GpuPath, OperandFormat, ProbFormat, RunOptions,
+    FusedSoftmaxConfig, GpuKernel, GpuPath, OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::{self, ElemFormat, ScaleMode, ALL_FORMATS};
 use mxattn::oracle::{mean_max, row_relative_differences};
@@ -358,6 +358,131 @@ fn tensor_core_kernel_matches_the_cpu_reference() {
 #[test]
 fn wgmma_kernel_matches_the_cpu_reference() {
     compare(GpuPath::Wgmma, 2e-2, 0.6, 0.05, false);
+}
+
+/// The wgmma kernel's one-pass packing (Q, K and V straight from the inputs) must produce
+/// the bytes of the staged route (f32 preparation, then packing), which the CPU comparison
+/// above covers: same kernel on the same packed operands gives the same output bit for bit.
+/// Every case the wgmma kernel takes, f32/bf16/f16 inputs, GQA, ragged tails, causal with
+/// shortened key lengths (V zeroed past them before its MX blocks).
+#[test]
+fn wgmma_one_pass_packing_matches_the_staged_route() {
+    let Some(dev) = gpu() else { return };
+    let shapes = [
+        Shape::new(2, 4, 2, 37, 300, 128),
+        Shape::new(1, 2, 1, 130, 129, 128),
+    ];
+    let (mut direct_qk, mut direct_v, mut compared) = (0, 0, 0);
+    let mut cfgs: Vec<(String, AttentionConfig)> =
+        cases().into_iter().map(|c| (c.name, c.cfg)).collect();
+    let no_hadamard = AttentionConfig::fused_softmax(
+        ElemFormat::E2M1,
+        OperandFormat::mx(ElemFormat::E2M1),
+        FusedSoftmaxConfig {
+            hadamard: false,
+            ..Default::default()
+        },
+    );
+    cfgs.push(("fused u8 MXFP4, no Hadamard".into(), no_hadamard));
+    for (si, s) in shapes.iter().enumerate() {
+        for dist in [Distribution::STRESS[0], Distribution::STRESS[2]] {
+            let raw = synth::make(dist, *s, 700 + si as u64).unwrap();
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                let on_gpu = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                let (qg, kg, vg) = (on_gpu(&raw.q), on_gpu(&raw.k), on_gpu(&raw.v));
+                for (name, cfg) in &cfgs {
+                    for (causal, lens) in [(false, None), (true, Some(vec![s.sk - 5; s.b]))] {
+                        let mut cfg = cfg.clone().with_causal(causal);
+                        cfg.key_lengths = lens;
+                        let run = |path| {
+                            let opts = RunOptions {
+                                gpu_path: path,
+                                lse: true,
+                                ..Default::default()
+                            };
+                            attention_ext(&qg, &kg, &vg, &cfg, &opts).unwrap()
+                        };
+                        let (one, staged) = (run(GpuPath::Wgmma), run(GpuPath::WgmmaStaged));
+                        let Some(GpuKernel::Wgmma {
+                            direct_qk: dq,
+                            direct_v: dv,
+                        }) = one.stats.gpu_kernel
+                        else {
+                            continue; // not a wgmma call
+                        };
+                        assert_eq!(
+                            staged.stats.gpu_kernel,
+                            Some(GpuKernel::Wgmma {
+                                direct_qk: false,
+                                direct_v: false
+                            }),
+                            "{name}"
+                        );
+                        direct_qk += dq as usize;
+                        direct_v += dv as usize;
+                        compared += 1;
+                        let what = format!("{name} {dist} {s} {dtype:?} causal={causal}");
+                        let bits = |t: &Tensor| -> Vec<u32> {
+                            vec_f32(t).iter().map(|x| x.to_bits()).collect()
+                        };
+                        assert!(
+                            bits(&one.out) == bits(&staged.out),
+                            "{what}: outputs differ"
+                        );
+                        assert!(
+                            bits(one.lse.as_ref().unwrap()) == bits(staged.lse.as_ref().unwrap()),
+                            "{what}: LSE differs"
+                        );
+                        assert_eq!(one.stats.rollbacks, staged.stats.rollbacks, "{what}");
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "one-pass vs staged packing: {compared} wgmma calls identical \
+         ({direct_qk} with Q/K packed in one pass, {direct_v} with V)"
+    );
+    // every operand format the wgmma kernel takes in these cases has a one-pass route
+    assert!(compared > 0 && direct_qk == compared && direct_v == compared);
+}
+
+/// Non-finite inputs reach the caller as errors through the one-pass packing too.
+#[test]
+fn wgmma_one_pass_packing_reports_non_finite_input() {
+    let Some(dev) = gpu() else { return };
+    let s = Shape::new(1, 2, 1, 70, 200, 128);
+    let inp = synth::make(Distribution::Gaussian { sigma: 1.0 }, s, 5).unwrap();
+    let cfgs = [
+        AttentionConfig::exact(),
+        AttentionConfig::fused_softmax(
+            ElemFormat::E2M1,
+            OperandFormat::mx(ElemFormat::E2M1),
+            FusedSoftmaxConfig::default(),
+        ),
+    ];
+    for which in 0..3 {
+        let mut t = [inp.q.clone(), inp.k.clone(), inp.v.clone()];
+        let dims = t[which].dims().to_vec();
+        let mut x = vec_f32(&t[which]);
+        x[1234] = if which == 1 { f32::INFINITY } else { f32::NAN };
+        t[which] = Tensor::from_vec(x, dims, &Device::Cpu).unwrap();
+        let g: Vec<Tensor> = t
+            .iter()
+            .map(|x| x.to_dtype(DType::BF16).unwrap().to_device(&dev).unwrap())
+            .collect();
+        for cfg in &cfgs {
+            let e = attention_ext(&g[0], &g[1], &g[2], cfg, &RunOptions::default())
+                .unwrap_err()
+                .to_string();
+            let expect = if which == 2 {
+                "v holds"
+            } else {
+                "q or k holds"
+            };
+            assert!(e.contains(expect), "input {which}: {e}");
+        }
+    }
 }
 
 #[test]

@@ -19,6 +19,7 @@ use mxattn::models::wan::sizes::{parse_size, WanVariant};
 use mxattn::models::wan::umt5::WAN_NEGATIVE_PROMPT;
 use mxattn::models::wan::video::{GifWriter, Mp4Writer, RgbFrames};
 use mxattn::models::wan::{profile, video};
+use std::hash::{DefaultHasher, Hasher};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -279,6 +280,18 @@ fn run(a: Args) -> Result<()> {
     )?;
     pb.finish_and_clear();
     let denoise_s = t_den.elapsed().as_secs_f64();
+    // Fingerprints of the final latents and of the decoded frames, so two runs of one seed
+    // can be compared (run-to-run determinism) without keeping the data.
+    let mut h = DefaultHasher::new();
+    for x in latents
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+    {
+        h.write_u32(x.to_bits());
+    }
+    let latents_hash = format!("{:016x}", h.finish());
+    let mut frames_hasher = DefaultHasher::new();
     let step_s: Vec<f64> = steps
         .iter()
         .map(|s| s["seconds"].as_f64().unwrap())
@@ -338,6 +351,7 @@ fn run(a: Args) -> Result<()> {
         let stats = pipe.decode(&latents, &schedule, |frames| {
             let rgb = RgbFrames::from_tensor(&frames)?;
             for f in &rgb.frames {
+                frames_hasher.write(f);
                 if let Some(m) = mp4.as_mut() {
                     m.push_rgb(f)?;
                 }
@@ -393,6 +407,8 @@ fn run(a: Args) -> Result<()> {
             "step_seconds_mean": step_s.iter().sum::<f64>() / step_s.len() as f64,
             "attention_seconds": if a.profile_attention { Some(att_s) } else { None },
             "vae_seconds": vae_s, "per_step": steps,
+            "latents_hash": latents_hash,
+            "frames_hash": vae_s.map(|_| format!("{:016x}", frames_hasher.finish())),
         });
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }

@@ -61,6 +61,11 @@ pub enum GpuPath {
     /// The Hopper warpgroup-MMA kernel (head dim 128; exact softmax on BF16 operands,
     /// Fused-Softmax and exp→E4M3 on FP8 operands) where it takes the call, else `Mma`.
     Wgmma,
+    /// `Wgmma` with its operands prepared in f32 first and packed in a second pass (the
+    /// preparation the portable kernels share), where `Auto` and `Wgmma` pack them from
+    /// the inputs in one pass. Same packed bytes, slower: the reference the one-pass
+    /// packing is tested against.
+    WgmmaStaged,
     /// The `mma.sync` BF16 tensor-core kernel (head dim 64 or 128) where it takes the
     /// call, else `Simple`.
     Mma,
@@ -83,6 +88,47 @@ pub struct RunOptions {
 pub struct AttentionStats {
     /// Rows × tiles that left the frozen-max fast path (Fused-Softmax); 0 otherwise.
     pub rollbacks: u64,
+    /// The CUDA kernel that ran the call; `None` on the CPU.
+    pub gpu_kernel: Option<GpuKernel>,
+}
+
+/// Which CUDA kernel ran a call, and for the wgmma kernel how its operands were packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuKernel {
+    Simple,
+    Mma,
+    /// `direct_qk` / `direct_v`: packed straight from the inputs in one pass, else
+    /// prepared in f32 and packed in a second (see [`GpuPath::WgmmaStaged`]).
+    Wgmma {
+        direct_qk: bool,
+        direct_v: bool,
+    },
+}
+
+impl GpuKernel {
+    /// One byte, for the op's atomic counter (0 = none).
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            GpuKernel::Simple => 1,
+            GpuKernel::Mma => 2,
+            GpuKernel::Wgmma {
+                direct_qk,
+                direct_v,
+            } => 3 + direct_qk as u8 + 2 * direct_v as u8,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> Option<GpuKernel> {
+        match c {
+            1 => Some(GpuKernel::Simple),
+            2 => Some(GpuKernel::Mma),
+            3..=6 => Some(GpuKernel::Wgmma {
+                direct_qk: (c - 3) & 1 != 0,
+                direct_v: (c - 3) & 2 != 0,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Result of [`attention_ext`].
@@ -157,6 +203,7 @@ pub fn attention_ext(
         .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
     let stats = AttentionStats {
         rollbacks: stats.rollbacks.load(Ordering::Relaxed),
+        gpu_kernel: GpuKernel::from_code(stats.gpu_kernel.load(Ordering::Relaxed)),
     };
     if !opts.lse {
         return Ok(AttentionOutput {

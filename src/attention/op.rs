@@ -5,13 +5,16 @@ use super::problem::Problem;
 use crate::cpu::{self, CpuPath};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// Counters an op fills while it runs.
 #[derive(Debug, Default)]
 pub(crate) struct OpStats {
     pub rollbacks: AtomicU64,
+    /// `GpuKernel::code` of the kernel that ran (CUDA), 0 before.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub gpu_kernel: AtomicU8,
 }
 
 pub(crate) struct AttentionOp {

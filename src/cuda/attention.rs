@@ -8,7 +8,7 @@ use crate::attention::config::{
 use crate::attention::op::AttentionOp;
 use crate::attention::softmax::fused::{G_F32, G_U8, OFF_F32_BITS, OFF_U8, THR_F32, THR_U8};
 use crate::attention::softmax::log_thresholds::{exp_mxfp4_thresholds, E2M1_MIDPOINTS};
-use crate::attention::GpuPath;
+use crate::attention::{GpuKernel, GpuPath};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop,
@@ -259,17 +259,30 @@ pub(crate) fn cuda_fwd(
     let nk = p.b * p.hkv * p.sk * p.d;
     // SAFETY (both queries): pure functions of the parameter block.
     let wgmma_kind = match op.gpu_path {
-        GpuPath::Auto | GpuPath::Wgmma => unsafe { ffi::mxa_attention_wgmma_supported(&prm) },
+        GpuPath::Auto | GpuPath::Wgmma | GpuPath::WgmmaStaged => unsafe {
+            ffi::mxa_attention_wgmma_supported(&prm)
+        },
         _ => 0,
     };
+    // Operands the wgmma kernel takes packed straight from the inputs, skipping the f32
+    // preparation (bit 0: Q and K, bit 1: V).
+    let direct = if wgmma_kind != 0 && op.gpu_path != GpuPath::WgmmaStaged {
+        // SAFETY: a pure function of the parameter block.
+        unsafe { ffi::mxa_pack_direct_supported(&prm, (wgmma_kind == 2) as i32) }
+    } else {
+        0
+    };
+    let (direct_qk, direct_v) = (direct & 1 != 0, direct & 2 != 0);
     let fast = wgmma_kind == 0
         && op.gpu_path != GpuPath::Simple
         && unsafe { ffi::mxa_attention_mma_supported(&prm) } != 0;
     let per_channel = matches!(op.cfg.v_format, OperandFormat::PerChannel { .. });
-    let mut qp = dev.alloc_zeros::<f32>(nq.max(1))?;
-    let mut kp = dev.alloc_zeros::<f32>(nk.max(1))?;
-    let mut vp = dev.alloc_zeros::<f32>(nk.max(1))?;
-    let want_unscaled = (fast || wgmma_kind == 2) && per_channel;
+    let mut qp = dev.alloc_zeros::<f32>(if direct_qk { 1 } else { nq.max(1) })?;
+    let mut kp = dev.alloc_zeros::<f32>(if direct_qk { 1 } else { nk.max(1) })?;
+    let mut vp = dev.alloc_zeros::<f32>(if direct_v { 1 } else { nk.max(1) })?;
+    // per-channel FP8 V's codes before their scale, for the tensor-core kernels (the
+    // one-pass wgmma packing makes them itself)
+    let want_unscaled = (fast || wgmma_kind == 2) && per_channel && !direct_v;
     let mut vu = dev.alloc_zeros::<f32>(if want_unscaled { nk.max(1) } else { 1 })?;
     // per-channel V: the prep gathers each channel's amax here, then its scale
     let mut vs = dev.alloc_zeros::<f32>(if per_channel {
@@ -297,6 +310,17 @@ pub(crate) fn cuda_fwd(
         } else {
             std::ptr::null_mut()
         };
+        // null: packed from the inputs below instead
+        let (qp_p, kp_p) = if direct_qk {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        } else {
+            (qp_p as *mut f32, kp_p as *mut f32)
+        };
+        let vp_p = if direct_v {
+            std::ptr::null_mut()
+        } else {
+            vp_p as *mut f32
+        };
         // SAFETY: every pointer is a live device allocation of the sizes the kernels read
         // and write (prm's geometry), on this stream.
         let rc = unsafe {
@@ -305,9 +329,9 @@ pub(crate) fn cuda_fwd(
                 q as *const c_void,
                 k as *const c_void,
                 v as *const c_void,
-                qp_p as *mut f32,
-                kp_p as *mut f32,
-                vp_p as *mut f32,
+                qp_p,
+                kp_p,
+                vp_p,
                 vu_p,
                 vs_p,
                 bad_p as *mut i32,
@@ -347,18 +371,24 @@ pub(crate) fn cuda_fwd(
         None
     };
     let wgmma_inputs = if wgmma_kind != 0 {
+        let (q_src, k_src) = if direct_qk {
+            (Src::Input(q), Src::Input(k))
+        } else {
+            (Src::Prepared(&qp), Src::Prepared(&kp))
+        };
+        let v_src = match (direct_v, want_unscaled) {
+            (true, _) => Src::Input(v),
+            (false, true) => Src::Prepared(&vu),
+            (false, false) => Src::Prepared(&vp),
+        };
         Some(pack_wgmma(
+            &prm,
             p,
             wgmma_kind == 2,
-            &dev,
-            &stream,
-            raw,
-            (&qp, &kp),
-            if want_unscaled {
-                (&vu, Some(&vs))
-            } else {
-                (&vp, None)
-            },
+            (&dev, &stream, raw),
+            [q_src, k_src, v_src],
+            want_unscaled.then_some(&vs),
+            &mut bad,
         )?)
     } else {
         None
@@ -466,6 +496,17 @@ pub(crate) fn cuda_fwd(
         .clone_dtoh(&rollbacks)
         .map_err(candle_core::Error::wrap)?[0];
     op.stats.rollbacks.fetch_add(rb, Ordering::Relaxed);
+    let kernel = if wgmma_kind != 0 {
+        GpuKernel::Wgmma {
+            direct_qk,
+            direct_v,
+        }
+    } else if fast {
+        GpuKernel::Mma
+    } else {
+        GpuKernel::Simple
+    };
+    op.stats.gpu_kernel.store(kernel.code(), Ordering::Relaxed);
     let shape = if op.with_lse {
         Shape::from((p.b, p.hq, p.sq, p.d + 1))
     } else {
@@ -487,17 +528,30 @@ struct WgmmaInputs {
     vscale: CudaSlice<f32>,
 }
 
-/// Packs the prepared f32 operands for the wgmma kernel: FP8 E4M3 with a power-of-two
-/// scale per query row, per 128-key tile and per V channel (or the given per-channel FP8
-/// scales), or bf16 for the exact path.
+/// Where pack_wgmma takes an operand from.
+enum Src<'a> {
+    /// The attention input itself (device address of the call's dtype), packed in one
+    /// pass with its preparation (`mxa_pack_*_direct`).
+    Input(u64),
+    /// The f32 operand `mxa_attention_prep` wrote.
+    Prepared(&'a CudaSlice<f32>),
+}
+
+/// Packs Q, K and V for the wgmma kernel: FP8 E4M3 with a power-of-two scale per query
+/// row, per 128-key tile and per V channel (or the given per-channel FP8 scales), or bf16
+/// for the exact path.
 fn pack_wgmma(
+    prm: &AttnParams,
     p: &crate::attention::problem::Problem,
     fp8: bool,
-    dev: &candle_core::cuda_backend::CudaDevice,
-    stream: &std::sync::Arc<CudaStream>,
-    raw: ffi::Stream,
-    (qp, kp): (&CudaSlice<f32>, &CudaSlice<f32>),
-    (v, chscale): (&CudaSlice<f32>, Option<&CudaSlice<f32>>),
+    (dev, stream, raw): (
+        &candle_core::cuda_backend::CudaDevice,
+        &std::sync::Arc<CudaStream>,
+        ffi::Stream,
+    ),
+    [q_src, k_src, v_src]: [Src<'_>; 3],
+    chscale: Option<&CudaSlice<f32>>,
+    bad: &mut CudaSlice<i32>,
 ) -> Result<WgmmaInputs> {
     // SAFETY: constant queries.
     let (rows, q_block, kt) = unsafe {
@@ -518,67 +572,98 @@ fn pack_wgmma(
     let mut vt = dev.alloc_zeros::<u8>((hkv * sk_pad * p.d * es).max(1))?;
     let mut vscale = dev.alloc_zeros::<f32>((hkv * p.d).max(1))?;
     {
-        let (qp_p, _a) = qp.device_ptr(stream);
-        let (kp_p, _b) = kp.device_ptr(stream);
-        let (v_p, _c) = v.device_ptr(stream);
         let (q_p, _d) = q.device_ptr_mut(stream);
         let (qm_p, _e) = qmul.device_ptr_mut(stream);
         let (k_p, _f) = k.device_ptr_mut(stream);
         let (km_p, _g) = kmul.device_ptr_mut(stream);
         let (vt_p, _h) = vt.device_ptr_mut(stream);
         let (vs_p, _i) = vscale.device_ptr_mut(stream);
+        let (bad_p, _j) = bad.device_ptr_mut(stream);
         let cs = chscale.map(|c| c.device_ptr(stream));
         let cs_p = cs
             .as_ref()
             .map_or(std::ptr::null(), |(x, _)| *x as *const f32);
-        // SAFETY: sources hold heads × rows × d f32; destinations were sized above for
-        // the padded rows; all on this stream.
-        unsafe {
-            check(
-                ffi::mxa_pack_rows(
-                    qp_p as *const f32,
-                    hq as i64,
-                    p.sq as i32,
-                    sq_pad as i32,
-                    1,
-                    q_block as i32,
-                    fp8 as i32,
-                    q_p as *mut c_void,
-                    qm_p as *mut f32,
-                    raw,
-                ),
-                "Q packing",
-            )?;
-            check(
-                ffi::mxa_pack_rows(
-                    kp_p as *const f32,
-                    hkv as i64,
-                    p.sk as i32,
+        let fp8 = fp8 as i32;
+        // Q and K: (source, heads, rows, padded rows, destination, scales, is Q)
+        let qk = [
+            (&q_src, hq, p.sq, sq_pad, q_p, qm_p, true),
+            (&k_src, hkv, p.sk, sk_pad, k_p, km_p, false),
+        ];
+        for (src, heads, n, n_pad, dst, scales, is_q) in qk {
+            let what = if is_q { "Q packing" } else { "K packing" };
+            // SAFETY: sources hold heads × rows × d values (the input's dtype, or f32 when
+            // prepared); destinations were sized above for the padded rows; all on this
+            // stream.
+            let rc = match src {
+                Src::Input(x) => unsafe {
+                    ffi::mxa_pack_qk_direct(
+                        prm,
+                        *x as *const c_void,
+                        heads as i64,
+                        n as i32,
+                        n_pad as i32,
+                        is_q as i32,
+                        fp8,
+                        dst as *mut c_void,
+                        scales as *mut f32,
+                        bad_p as *mut i32,
+                        raw,
+                    )
+                },
+                Src::Prepared(x) => {
+                    let (x_p, _x) = x.device_ptr(stream);
+                    // group: rows per FP8 scale; tile: rows per packed block
+                    let (group, tile) = if is_q { (1, q_block) } else { (kt, kt) };
+                    unsafe {
+                        ffi::mxa_pack_rows(
+                            x_p as *const f32,
+                            heads as i64,
+                            n as i32,
+                            n_pad as i32,
+                            group as i32,
+                            tile as i32,
+                            fp8,
+                            dst as *mut c_void,
+                            scales as *mut f32,
+                            raw,
+                        )
+                    }
+                }
+            };
+            check(rc, what)?;
+        }
+        // SAFETY: as above, for V (hkv heads × sk keys) and Vᵀ.
+        let rc = match &v_src {
+            Src::Input(x) => unsafe {
+                ffi::mxa_pack_v_direct(
+                    prm,
+                    *x as *const c_void,
                     sk_pad as i32,
-                    kt as i32,
-                    kt as i32,
-                    fp8 as i32,
-                    k_p as *mut c_void,
-                    km_p as *mut f32,
-                    raw,
-                ),
-                "K packing",
-            )?;
-            check(
-                ffi::mxa_pack_vt(
-                    v_p as *const f32,
-                    hkv as i64,
-                    p.sk as i32,
-                    sk_pad as i32,
-                    fp8 as i32,
-                    cs_p,
+                    fp8,
                     vt_p as *mut c_void,
                     vs_p as *mut f32,
+                    bad_p as *mut i32,
                     raw,
-                ),
-                "V packing",
-            )?;
-        }
+                )
+            },
+            Src::Prepared(x) => {
+                let (x_p, _x) = x.device_ptr(stream);
+                unsafe {
+                    ffi::mxa_pack_vt(
+                        x_p as *const f32,
+                        hkv as i64,
+                        p.sk as i32,
+                        sk_pad as i32,
+                        fp8,
+                        cs_p,
+                        vt_p as *mut c_void,
+                        vs_p as *mut f32,
+                        raw,
+                    )
+                }
+            }
+        };
+        check(rc, "V packing")?;
     }
     Ok(WgmmaInputs {
         fp8,

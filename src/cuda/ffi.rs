@@ -261,6 +261,31 @@ extern "C" {
         vscale: *mut f32,
         stream: Stream,
     ) -> i32;
+    /// Bit 0: Q and K of this call can be packed straight from the inputs; bit 1: V can.
+    pub fn mxa_pack_direct_supported(p: *const AttnParams, fp8: i32) -> i32;
+    pub fn mxa_pack_qk_direct(
+        p: *const AttnParams,
+        src: *const c_void,
+        heads: i64,
+        rows: i32,
+        rows_pad: i32,
+        is_q: i32,
+        fp8: i32,
+        dst: *mut c_void,
+        scales: *mut f32,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_pack_v_direct(
+        p: *const AttnParams,
+        src: *const c_void,
+        rows_pad: i32,
+        fp8: i32,
+        dst: *mut c_void,
+        vscale: *mut f32,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_attention_wgmma(
         p: *const AttnParams,
         q: *const c_void,
