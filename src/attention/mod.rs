@@ -106,8 +106,8 @@ pub enum GpuKernel {
 }
 
 impl GpuKernel {
-    /// One byte, for the op's atomic counter (0 = none).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// One byte, for the op's atomic counter (0 = none). Only the CUDA backend records one.
+    #[cfg(any(feature = "cuda", test))]
     pub(crate) fn code(self) -> u8 {
         match self {
             GpuKernel::Simple => 1,
@@ -420,53 +420,23 @@ fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result
 mod tests {
     use super::*;
 
+    /// The byte stored in the op's counter decodes to the kernel that stored it, and 0
+    /// (the counter's initial value, what CPU calls leave) decodes to none.
     #[test]
     fn gpu_kernel_codes_round_trip() {
-        let all = [
-            GpuKernel::Simple,
-            GpuKernel::Mma,
-            GpuKernel::Wgmma {
-                direct_qk: false,
-                direct_v: false,
-            },
-            GpuKernel::Wgmma {
-                direct_qk: true,
-                direct_v: false,
-            },
-            GpuKernel::Wgmma {
-                direct_qk: false,
-                direct_v: true,
-            },
-            GpuKernel::Wgmma {
-                direct_qk: true,
-                direct_v: true,
-            },
-        ];
-        let codes: Vec<u8> = all.iter().map(|k| k.code()).collect();
-        let mut distinct = codes.clone();
-        distinct.sort();
-        distinct.dedup();
-        assert_eq!(distinct.len(), all.len());
-        for (k, c) in all.iter().zip(&codes) {
-            assert_ne!(*c, 0, "0 means no kernel ran");
-            assert_eq!(GpuKernel::from_code(*c), Some(*k));
+        let mut all = vec![GpuKernel::Simple, GpuKernel::Mma];
+        for direct_qk in [false, true] {
+            for direct_v in [false, true] {
+                all.push(GpuKernel::Wgmma {
+                    direct_qk,
+                    direct_v,
+                });
+            }
+        }
+        for k in all {
+            assert_ne!(k.code(), 0, "{k:?}: 0 means no kernel ran");
+            assert_eq!(GpuKernel::from_code(k.code()), Some(k));
         }
         assert_eq!(GpuKernel::from_code(0), None);
-    }
-
-    #[test]
-    fn cpu_calls_report_no_gpu_kernel() {
-        let s = crate::synth::Shape::new(1, 2, 1, 4, 40, 16);
-        let inp =
-            crate::synth::make(crate::synth::Distribution::Gaussian { sigma: 1.0 }, s, 1).unwrap();
-        let out = attention_ext(
-            &inp.q,
-            &inp.k,
-            &inp.v,
-            &AttentionConfig::exact(),
-            &RunOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(out.stats.gpu_kernel, None);
     }
 }
