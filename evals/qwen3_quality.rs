@@ -20,11 +20,11 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::models::qwen3::generation::greedy;
-use mxattn::models::qwen3::loading::{self, ModelSource};
-use mxattn::models::qwen3::schedule::schedule_help;
-use mxattn::models::qwen3::{chat, Qwen3, Schedule, ScheduleSpec};
+use mxattn_cli::{progress_bar, DeviceArgs};
+use mxattn_qwen3::generation::greedy;
+use mxattn_qwen3::loading::{self, ModelSource};
+use mxattn_qwen3::schedule::schedule_help;
+use mxattn_qwen3::{chat, Qwen3, Schedule, ScheduleSpec};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -84,12 +84,8 @@ struct Args {
     /// Greedy tokens per prompt.
     #[arg(long, default_value_t = 32)]
     gen_len: usize,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// f32, bf16 or f16 (default: f32 on the CPU, bf16 on a GPU).
-    #[arg(long)]
-    dtype: Option<String>,
+    #[command(flatten)]
+    dev: DeviceArgs,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -186,12 +182,8 @@ fn main() -> Result<()> {
         // of the previous one
         bail!("need seq_len ≥ 2 and 0 < stride < seq_len");
     }
-    let device = loading::parse_device(&a.device)?;
-    let dtype = match &a.dtype {
-        Some(d) => loading::parse_dtype(d)?,
-        None if device.is_cpu() => DType::F32,
-        None => DType::BF16,
-    };
+    let device = a.dev.device()?;
+    let dtype = a.dev.dtype(&device)?;
     let baseline = ScheduleSpec::parse(&a.baseline)?;
     let names: Vec<String> = if a.schedules.is_empty() {
         DEFAULT_SCHEDULES.iter().map(|s| s.to_string()).collect()
@@ -279,11 +271,7 @@ fn main() -> Result<()> {
     );
 
     let total = (wins.len() + a.prompts) as u64 * (1 + scheds.len()) as u64;
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]")
-            .expect("template"),
-    );
+    let pb = progress_bar(total, "scoring", false);
     let mut base = Acc::default();
     let mut accs = vec![Acc::default(); scheds.len()];
     for &w in &wins {
@@ -411,7 +399,7 @@ fn main() -> Result<()> {
             stride: a.stride,
             baseline: a.baseline.clone(),
             dtype: format!("{dtype:?}"),
-            device: a.device.clone(),
+            device: format!("{device:?}"),
             prompts: matches.first().map_or(0, |m| m.len()),
             prompt_len: a.prompt_len,
             gen_len: a.gen_len,

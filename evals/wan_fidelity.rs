@@ -14,15 +14,14 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::models::device_args::DeviceArgs;
-use mxattn::models::wan::fidelity::{cosine, rel_l2, VideoFidelity};
-use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
-use mxattn::models::wan::schedule::{help as schedule_help, ScheduleSpec};
-use mxattn::models::wan::scheduler::SamplerKind;
-use mxattn::models::wan::sizes::{parse_size, WanVariant};
-use mxattn::models::wan::umt5::WAN_NEGATIVE_PROMPT;
-use mxattn::models::wan::video::RgbFrames;
+use mxattn_cli::{progress_bar, DeviceArgs};
+use mxattn_video::RgbFrames;
+use mxattn_wan::fidelity::{cosine, rel_l2, VideoFidelity};
+use mxattn_wan::pipeline::{GenerateOptions, WanPipeline};
+use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
+use mxattn_wan::scheduler::SamplerKind;
+use mxattn_wan::sizes::{parse_size, WanVariant};
+use mxattn_wan::umt5::WAN_NEGATIVE_PROMPT;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
@@ -164,32 +163,19 @@ fn main() -> Result<()> {
     let (cond, uncond) = pipe.encode_prompts(&opts)?;
     let init = pipe.initial_latents(&opts)?;
 
-    let bar = |what: &str| {
-        if a.quiet {
-            return ProgressBar::hidden();
-        }
-        let b = ProgressBar::new(opts.steps as u64);
-        b.set_style(
-            ProgressStyle::with_template("{msg:>14} [{bar:30}] {pos}/{len} {elapsed_precise}")
-                .unwrap()
-                .progress_chars("=> "),
-        );
-        b.set_message(what.to_string());
-        b
+    let bar = |what: &str| progress_bar(opts.steps as u64, what, a.quiet);
+    let decode = |latents: &Tensor, policy: &dyn mxattn_wan::AttnPolicy| -> Result<RgbFrames> {
+        let mut frames: Option<RgbFrames> = None;
+        pipe.decode(latents, policy, |t| {
+            let f = RgbFrames::from_tensor(&t)?;
+            match frames.as_mut() {
+                Some(all) => all.frames.extend(f.frames),
+                None => frames = Some(f),
+            }
+            Ok(())
+        })?;
+        frames.context("the VAE produced no frames")
     };
-    let decode =
-        |latents: &Tensor, policy: &dyn mxattn::models::wan::AttnPolicy| -> Result<RgbFrames> {
-            let mut frames: Option<RgbFrames> = None;
-            pipe.decode(latents, policy, |t| {
-                let f = RgbFrames::from_tensor(&t)?;
-                match frames.as_mut() {
-                    Some(all) => all.frames.extend(f.frames),
-                    None => frames = Some(f),
-                }
-                Ok(())
-            })?;
-            frames.context("the VAE produced no frames")
-        };
 
     // reference
     let pb = bar("reference");
@@ -235,8 +221,7 @@ fn main() -> Result<()> {
         )?;
         pb.finish_and_clear();
         let exact = mxattn::attention::AttentionConfig::exact();
-        let vae_policy: &dyn mxattn::models::wan::AttnPolicy =
-            if a.vae_exact { &exact } else { sched };
+        let vae_policy: &dyn mxattn_wan::AttnPolicy = if a.vae_exact { &exact } else { sched };
         let video = match &ref_video {
             Some(r) => Some(VideoFidelity::compare(&decode(&fin, vae_policy)?, r)?),
             None => None,

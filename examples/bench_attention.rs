@@ -4,6 +4,8 @@
 //!
 //!     cargo run --release --example bench_attention [-- --iters 5]
 
+mod baselines;
+
 use anyhow::Result;
 use candle_core::{Tensor, D};
 use clap::Parser;
@@ -114,7 +116,7 @@ fn main() -> Result<()> {
             rows.push((
                 "candle matmul-softmax-matmul".into(),
                 time_it(a.warmup, a.iters, || {
-                    Ok(mxattn::baselines::candle_matmul_attention(q, k, v, causal)?)
+                    Ok(baselines::candle_matmul_attention(q, k, v, causal)?)
                 })?,
             ));
         }

@@ -5,6 +5,8 @@
 //!
 //!     bench_gpu --shapes "1,40,40,75600,128;1,32,8,4096,128,causal"
 
+mod baselines;
+
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
@@ -206,9 +208,7 @@ fn main() -> Result<()> {
         let score_bytes = 2.0 * (s.b * s.hq) as f64 * s.s as f64 * s.sk as f64;
         let base = if score_bytes < 4e9 {
             Some(time_ms(&dev, a.warmup, a.iters, || {
-                Ok(mxattn::baselines::candle_matmul_attention(
-                    &q, &k, &v, s.causal,
-                )?)
+                Ok(baselines::candle_matmul_attention(&q, &k, &v, s.causal)?)
             })?)
         } else {
             None
@@ -256,8 +256,8 @@ fn main() -> Result<()> {
 /// dequantized cache.
 fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Result<()> {
     use mxattn::attention::attention_decode;
-    use mxattn::models::qwen3::{CacheFormat, KvFormat, LayerKvCache};
     use mxattn::mx::ScaleMode;
+    use mxattn_qwen3::{CacheFormat, KvFormat, LayerKvCache};
     let (b, hq, hkv, d) = (1usize, 32usize, 8usize, 128usize);
     println!();
     println!("| decode: context (b=1, hq/hkv 32/8, d 128) | KV cache | KV bytes | ms | GB/s of KV read | vs BF16 cache |");

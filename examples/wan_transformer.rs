@@ -15,20 +15,19 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
-use mxattn::attention::{Algorithm, AttentionConfig};
-use mxattn::models::qwen3::loading::{parse_device, parse_dtype};
-use mxattn::models::qwen3::schedule::layer_preset;
-use mxattn::models::wan::profile;
-use mxattn::models::wan::transformer::{TransformerConfig, WanTransformer};
+use mxattn::attention::AttentionConfig;
+use mxattn_cli::DeviceArgs;
+use mxattn_wan::profile;
+use mxattn_wan::schedule::attention_config;
+use mxattn_wan::transformer::{TransformerConfig, WanTransformer};
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
 struct Args {
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Compare with the diffusers outputs in tests/fixtures/wan/transformer (f32, exact).
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Compare with the diffusers outputs in crates/wan/tests/fixtures/wan/transformer (f32, exact).
     #[arg(long)]
     check_fixtures: bool,
     /// The fixture directory (default: the one in this source tree).
@@ -46,10 +45,7 @@ struct Args {
     /// Text length (the pipeline pads to 512).
     #[arg(long, default_value_t = 512)]
     text_len: usize,
-    /// f32, bf16 or f16.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
-    /// Comma-separated attention presets (qwen3's names: exact, bf16, mxfp8, fused-mxfp8, …).
+    /// Comma-separated attention presets (exact, bf16, mxfp8, fused-mxfp8, …; `kv-*` do not apply).
     #[arg(long, default_value = "exact")]
     attn: String,
     #[arg(long, default_value_t = 2)]
@@ -71,7 +67,8 @@ fn sync(d: &Device) -> Result<()> {
 
 fn check_fixtures(dev: &Device, dir: Option<PathBuf>) -> Result<()> {
     let dir = dir.unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wan/transformer")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../crates/wan/tests/fixtures/wan/transformer")
     });
     let all = candle_core::safetensors::load(dir.join("expected.safetensors"), dev)?;
     for name in ["a14b", "ti2v5b", "a14b_original"] {
@@ -101,7 +98,7 @@ fn check_fixtures(dev: &Device, dir: Option<PathBuf>) -> Result<()> {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let dev = parse_device(&a.device)?;
+    let dev = a.dev.device()?;
     if a.check_fixtures {
         check_fixtures(&dev, a.fixtures.clone())?;
     }
@@ -125,7 +122,7 @@ fn main() -> Result<()> {
     let [f, h, w] = grid[..] else {
         bail!("--grid must be FxHxW, got {:?}", a.grid)
     };
-    let dtype = parse_dtype(&a.dtype)?;
+    let dtype = a.dev.dtype(&dev)?;
     let t0 = Instant::now();
     let mut m = WanTransformer::random(&cfg, dtype, &dev, 0)?;
     sync(&dev)?;
@@ -157,16 +154,7 @@ fn main() -> Result<()> {
     {
         m.set_fused_elementwise(fused);
         let label = format!("{name}{}", if fused { "" } else { " unfused" });
-        let spec = layer_preset(name)?;
-        let mut cfg_attn = spec.attn;
-        // qwen3 moves the Hadamard rotation into the model for its KV cache; without a
-        // cache the op rotates (the same scores)
-        if spec.rotate_qk {
-            match &mut cfg_attn.algorithm {
-                Algorithm::FusedSoftmax(f) => f.hadamard = true,
-                _ => bail!("preset {name} rotates q/k in the model; not supported here"),
-            }
-        }
+        let cfg_attn = attention_config(name)?;
         let mut times = Vec::new();
         let mut out = None;
         for _ in 0..a.reps.max(1) {

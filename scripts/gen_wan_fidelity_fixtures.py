@@ -7,7 +7,7 @@ and SSIM on BT.601 luma (skimage.metrics.structural_similarity with gaussian_wei
 sigma=1.5, use_sample_covariance=False, data_range=255), the flicker series (mean absolute
 difference of consecutive frames) of each video and their Pearson correlation (numpy.corrcoef).
 
-Writes tests/fixtures/wan/fidelity/{videos.safetensors, expected.json} (run from the repo root).
+Writes crates/wan/tests/fixtures/wan/fidelity/{videos.safetensors, expected.json} (run from the repo root).
 Set-up:  python3 -m venv .venv-py && .venv-py/bin/pip install numpy scikit-image safetensors
 """
 
@@ -19,7 +19,7 @@ import skimage
 from safetensors.numpy import save_file
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-OUT = "tests/fixtures/wan/fidelity"
+OUT = "crates/wan/tests/fixtures/wan/fidelity"
 F, H, W = 5, 24, 32
 
 

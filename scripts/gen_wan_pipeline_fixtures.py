@@ -4,7 +4,7 @@
 Writes (run from the repository root, after gen_wan_umt5_fixtures.py, gen_wan_transformer_fixtures.py
 and gen_wan_vae_fixtures.py, whose outputs it reuses):
 
-  tests/fixtures/wan/pipeline/   a tiny random A14B-like diffusers pipeline directory that
+  crates/wan/tests/fixtures/wan/pipeline/   a tiny random A14B-like diffusers pipeline directory that
       WanPipeline.from_pretrained loads: model_index.json (boundary_ratio 0.875,
       expand_timesteps false), tokenizer/ (the tiny SentencePiece tokenizer of the UMT5
       fixtures), text_encoder/ (a new tiny random UMT5EncoderModel with d_model 16 = the
@@ -12,13 +12,13 @@ and gen_wan_vae_fixtures.py, whose outputs it reuses):
       WanTransformer3DModel, the a14b fixture config, different seeds), vae/ (the tiny Wan2.1
       VAE fixture of vae/wan21 — same decoder tensors — but saved with its encoder too, so that
       the pipeline's own decode works), scheduler/ (UniPC with Wan's settings, flow_shift 3.0)
-  tests/fixtures/wan/pipeline_expected.safetensors  float32: latents_init [1,4,2,4,4] (given to
+  crates/wan/tests/fixtures/wan/pipeline_expected.safetensors  float32: latents_init [1,4,2,4,4] (given to
       the pipeline as `latents`), latents_step{i} after each step, latents_final
       (output_type="latent"), video [1,3,5,32,32] = vae.decode(latents / (1/std) + mean), in
       [-1, 1] before the pipeline's postprocessing (output_type="np" gives (video + 1) / 2
       clamped to [0, 1], frames last: checked here), prompt_embeds / negative_prompt_embeds
       [1,32,16] = what the transformers get as encoder_hidden_states
-  tests/fixtures/wan/pipeline_expected.json  the settings, timesteps, sigmas, the expert of each
+  crates/wan/tests/fixtures/wan/pipeline_expected.json  the settings, timesteps, sigmas, the expert of each
       step (checked with forward hooks: each step calls its expert twice, cond then uncond), the
       token ids and real lengths of both prompts, shapes, versions
 
@@ -49,7 +49,7 @@ from gen_wan_transformer_fixtures import build as build_transformer  # noqa: E40
 from gen_wan_vae_fixtures import MODELS as VAE_MODELS  # noqa: E402
 from gen_wan_vae_fixtures import build as build_vae  # noqa: E402
 
-FIX = os.path.join("tests", "fixtures", "wan")
+FIX = os.path.join("crates", "wan", "tests", "fixtures", "wan")
 OUT = os.path.join(FIX, "pipeline")
 PROMPT = "a red fox running through snow"
 NEGATIVE = "blurry, low quality"

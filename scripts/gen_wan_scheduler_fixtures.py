@@ -2,7 +2,7 @@
 """Parity fixtures for mxattn's Wan schedulers, made with diffusers' UniPCMultistepScheduler
 (as the Wan2.x diffusers repos configure it) and FlowMatchEulerDiscreteScheduler.
 
-Writes, under tests/fixtures/wan/scheduler/ (run from the repository root):
+Writes, under crates/wan/tests/fixtures/wan/scheduler/ (run from the repository root):
 
   scheduler_config.json   the Wan UniPC config as diffusers saves it (flow_shift 3.0, as in the
                           A14B repos)
@@ -43,7 +43,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 from safetensors.torch import save_file
 
-OUT = os.path.join("tests", "fixtures", "wan", "scheduler")
+OUT = os.path.join("crates", "wan", "tests", "fixtures", "wan", "scheduler")
 
 # What scripts/convert_wan_to_diffusers.py gives the Wan2.x repos (flow_shift varies).
 WAN_UNIPC = dict(

@@ -2,7 +2,7 @@
 """Parity fixtures for mxattn's Wan diffusion transformer, made with diffusers'
 WanTransformer3DModel.
 
-Writes, under tests/fixtures/wan/transformer/ (run from the repository root):
+Writes, under crates/wan/tests/fixtures/wan/transformer/ (run from the repository root):
 
   a14b/      a tiny random A14B-like expert (4 in/out channels, 2 layers, 2 heads x 32, text_dim
              16, freq_dim 256 as released), diffusers layout: config.json +
@@ -36,7 +36,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from safetensors.torch import load_file, save_file
 
-OUT = os.path.join("tests", "fixtures", "wan", "transformer")
+OUT = os.path.join("crates", "wan", "tests", "fixtures", "wan", "transformer")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 BASE = dict(

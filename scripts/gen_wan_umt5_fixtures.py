@@ -2,7 +2,7 @@
 """Parity fixtures for mxattn's UMT5 text encoder (Wan2.2), made with transformers'
 UMT5EncoderModel and T5 tokenizer and diffusers' Wan prompt handling.
 
-Writes, under tests/fixtures/wan/umt5/ (run from the repository root):
+Writes, under crates/wan/tests/fixtures/wan/umt5/ (run from the repository root):
 
   text_encoder/  a tiny random UMT5EncoderModel (d_model 32, d_ff 64, d_kv 6, 4 heads, 2 layers,
                  gated-gelu), written by save_pretrained with float16 weights
@@ -51,7 +51,7 @@ from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from safetensors.torch import save_file
 from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-OUT = os.path.join("tests", "fixtures", "wan", "umt5")
+OUT = os.path.join("crates", "wan", "tests", "fixtures", "wan", "umt5")
 MAX_LEN = 16
 
 # Wan2.2 wan/configs/shared_config.py, sample_neg_prompt

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parity fixtures for mxattn's Wan VAE decoders, made with diffusers' AutoencoderKLWan.
 
-Writes, under tests/fixtures/wan/vae/ (run from the repository root):
+Writes, under crates/wan/tests/fixtures/wan/vae/ (run from the repository root):
 
   wan21/   a tiny random Wan2.1-like VAE (z 4, base_dim 4, dim_mult [1,2,4,4], plain up-blocks,
            3 output channels, 8x spatial): config.json + diffusion_pytorch_model.safetensors
@@ -29,7 +29,7 @@ import torch
 from diffusers import AutoencoderKLWan
 from safetensors.torch import load_file, save_file
 
-OUT = os.path.join("tests", "fixtures", "wan", "vae")
+OUT = os.path.join("crates", "wan", "tests", "fixtures", "wan", "vae")
 
 MODELS = {
     # name: (config kwargs, latent frames, latent height, latent width, seed)

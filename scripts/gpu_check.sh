@@ -2,15 +2,39 @@
 # Runs on the H200 (through the device tool), from the repo root, with the test binary
 # built here by `cargo test --release --features cuda --test gpu --no-run` and carried,
 # xz-compressed, in .gpu/ (see scripts/build_gpu_bundle.sh). Output goes to $OUT.
-set -uo pipefail
+#
+# Fails (non-zero exit) when any GPU test fails, when no GPU is found (MXATTN_REQUIRE_GPU=1
+# turns the tests' "no device, skipping" into a failure), or when a sanitizer reports an
+# error. Each step's full output is kept in $OUT; the console shows its tail.
+set -euo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-NV=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
+NV=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null || true)
 export LD_LIBRARY_PATH="${NV}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-cd .gpu && for f in *.xz; do xz -d -f "$f"; done && chmod +x ./* && cd ..
+export MXATTN_REQUIRE_GPU=1
+( cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -d -f "$f"; done; chmod +x ./* )
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
-echo "== GPU tests"
-timeout 300 ./.gpu/gpu --test-threads=1 --nocapture 2>&1 | tee "$OUT/gpu_tests.txt" | grep -vE "^\(" | tail -40
-echo "== compute-sanitizer memcheck"
-timeout 120 compute-sanitizer --tool memcheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/memcheck.txt"
-echo "== compute-sanitizer racecheck"
-timeout 120 compute-sanitizer --tool racecheck --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1 2>&1 | tail -15 | tee "$OUT/racecheck.txt"
+
+failed=()
+# step NAME LOG COMMAND...: runs COMMAND with its output in $OUT/LOG, prints the tail, and
+# records NAME as failed on a non-zero exit (the script carries on to the other steps).
+step() {
+  local name=$1 log=$2; shift 2
+  echo "== $name"
+  local rc=0
+  "$@" > "$OUT/$log" 2>&1 || rc=$?
+  grep -vE "^\(" "$OUT/$log" | tail -40
+  if [ "$rc" -ne 0 ]; then
+    echo "!! $name FAILED (exit $rc); full output in $log"
+    failed+=("$name")
+  fi
+}
+step "GPU tests" gpu_tests.txt timeout 300 ./.gpu/gpu --test-threads=1 --nocapture
+step "compute-sanitizer memcheck" memcheck.txt timeout 120 compute-sanitizer --tool memcheck \
+  --error-exitcode 1 --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1
+step "compute-sanitizer racecheck" racecheck.txt timeout 120 compute-sanitizer --tool racecheck \
+  --error-exitcode 1 --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "GPU check FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "GPU check passed"

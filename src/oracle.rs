@@ -133,3 +133,20 @@ pub fn mean_max(e: &[f64]) -> (f64, f64) {
         e.iter().copied().fold(0.0, f64::max),
     )
 }
+
+/// The largest |a − b| over all elements, both taken to f32 (any dtype, any device); the
+/// shapes must match.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    if a.dims() != b.dims() {
+        bail!(
+            "max_abs_diff: shapes {:?} and {:?} differ",
+            a.dims(),
+            b.dims()
+        );
+    }
+    (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()
+}

@@ -14,9 +14,14 @@ use mxattn::synth::{self, Distribution, Shape};
 
 mod common;
 
+/// The GPU, or None (the test passes with a note) where there is none, as in CI; with
+/// `MXATTN_REQUIRE_GPU=1` (set by scripts/gpu_check.sh) a missing GPU fails the test.
 fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
+        Err(e) if std::env::var_os("MXATTN_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("MXATTN_REQUIRE_GPU=1 but no CUDA device: {e}")
+        }
         Err(e) => {
             eprintln!("no CUDA device ({e}); skipping");
             None
@@ -590,56 +595,65 @@ fn sanitizer_small() {
     }
 }
 
-/// The split-KV decode kernel reads the KV cache as stored (dense, or MX codes + scales
-/// with V's unquantized tail) and must compute what the attention op computes on the
-/// dequantized cache: compared with the CPU path (dequantize, then the reference) over
-/// every cache format, GQA, 1 and 3 query rows (causal), and a V tail of 12 keys. Same
-/// arithmetic up to summation order and exp2 vs exp: bound 1e-4 per row.
+/// The split-KV decode kernel reads a KV cache as stored (dense f32 or bf16, or MX codes +
+/// scales: K along d, V along the keys over the full 32-key blocks with the last 12 keys
+/// kept unquantized, the layout a model's MX cache keeps) and must compute what the attention
+/// op computes on the represented values: compared with the CPU path (dequantize, then the
+/// reference) over every storage, GQA, 1 and 3 query rows (causal). Same arithmetic up to
+/// summation order and exp2 vs exp: bound 1e-4 per row.
 #[test]
 fn decode_kernel_matches_the_dequantized_reference() {
-    use mxattn::attention::{attention, attention_decode};
-    use mxattn::models::qwen3::{CacheFormat, KvFormat, LayerKvCache};
+    use mxattn::attention::{attention, attention_decode, KvOperand};
     let Some(dev) = gpu() else { return };
     let (b, hq, hkv, n, d) = (2, 8, 2, 300, 128);
-    let mx = |elem| CacheFormat::Mx {
-        elem,
-        scale: ScaleMode::Floor,
-        block: 32,
-    };
+    let n_full = n / 32 * 32;
     let mut worst = 0f64;
-    for fmt in [
-        CacheFormat::Model,
-        CacheFormat::Bf16,
-        mx(ElemFormat::E4M3),
-        mx(ElemFormat::E2M3),
-        mx(ElemFormat::E2M1),
-    ] {
+    let storages: [(&str, Option<ElemFormat>, DType); 5] = [
+        ("f32", None, DType::F32),
+        ("bf16", None, DType::BF16),
+        ("MXFP8", Some(ElemFormat::E4M3), DType::F32),
+        ("MXFP6", Some(ElemFormat::E2M3), DType::F32),
+        ("MXFP4", Some(ElemFormat::E2M1), DType::F32),
+    ];
+    for (what, elem, dtype) in storages {
         for sq in [1usize, 3] {
             let k = Tensor::randn(0f32, 1.0, (b, hkv, n, d), &dev).unwrap();
             let v = Tensor::randn(0f32, 1.0, (b, hkv, n, d), &dev).unwrap();
             let q = Tensor::randn(0f32, 1.0, (b, hq, sq, d), &dev).unwrap();
-            let mut cache = LayerKvCache::new(KvFormat { k: fmt, v: fmt });
-            cache.push(&k, &v).unwrap();
-            let (kv, vv) = (
-                cache.k_view().unwrap().unwrap(),
-                cache.v_view().unwrap().unwrap(),
-            );
+            let (kd, vd) = (k.to_dtype(dtype).unwrap(), v.to_dtype(dtype).unwrap());
+            let v_tail = v.narrow(2, n_full, n - n_full).unwrap();
+            let (kv, vv) = match elem {
+                None => (KvOperand::Dense(&kd), KvOperand::Dense(&vd)),
+                Some(e) => {
+                    let v_head = v.narrow(2, 0, n_full).unwrap();
+                    (
+                        KvOperand::Mx {
+                            full: Some(mx::quantize(&k, e, ScaleMode::Floor, 3, 32).unwrap()),
+                            tail: None,
+                        },
+                        KvOperand::Mx {
+                            full: Some(mx::quantize(&v_head, e, ScaleMode::Floor, 2, 32).unwrap()),
+                            tail: Some(&v_tail),
+                        },
+                    )
+                }
+            };
             let cfg = AttentionConfig::exact().with_causal(true);
             let g = attention_decode(&q, &kv, &vv, &cfg).unwrap();
-            let (kd, vd) = cache.dequantized().unwrap();
+            let cpu = |t: Tensor| t.to_device(&Device::Cpu).unwrap();
             let c = attention(
-                &q.to_device(&Device::Cpu).unwrap(),
-                &kd.to_device(&Device::Cpu).unwrap(),
-                &vd.to_device(&Device::Cpu).unwrap(),
+                &cpu(q.clone()),
+                &cpu(kv.to_tensor(DType::F32).unwrap()),
+                &cpu(vv.to_tensor(DType::F32).unwrap()),
                 &cfg,
             )
             .unwrap();
             let (og, oc) = (vec_f32(&g), vec_f32(&c));
             let diffs = row_relative_differences(&og, &oc, d);
             let (mean, max) = mean_max(&diffs);
-            println!("decode {fmt} sq={sq}: rows rel diff mean {mean:.2e} max {max:.2e}");
+            println!("decode {what} sq={sq}: rows rel diff mean {mean:.2e} max {max:.2e}");
             assert!(og.iter().all(|x| x.is_finite()));
-            assert!(max < 1e-4, "decode {fmt} sq={sq}: worst row {max:.2e}");
+            assert!(max < 1e-4, "decode {what} sq={sq}: worst row {max:.2e}");
             worst = worst.max(max);
         }
     }

@@ -9,12 +9,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use mxattn::models::device_args::DeviceArgs;
-use mxattn::models::qwen3::chat::{self, Message, Role, SpecialTokens, TextStream};
-use mxattn::models::qwen3::generation::{generate, Sampler, SamplingParams};
-use mxattn::models::qwen3::loading::{self, ModelSource};
-use mxattn::models::qwen3::schedule::schedule_help;
-use mxattn::models::qwen3::{Config, ScheduleSpec};
+use mxattn_cli::DeviceArgs;
+use mxattn_qwen3::chat::{self, Message, Role, SpecialTokens, TextStream};
+use mxattn_qwen3::generation::{generate, Sampler, SamplingParams};
+use mxattn_qwen3::loading::{self, ModelSource};
+use mxattn_qwen3::schedule::schedule_help;
+use mxattn_qwen3::{Config, ScheduleSpec};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -109,7 +109,7 @@ struct Args {
     /// One attention config for every layer (see the list below).
     #[arg(long, default_value = "bf16")]
     attn: String,
-    /// A per-layer schedule (grammar below), e.g. "mxfp6:0-3,last;mxfp4:*" or "hybrid";
+    /// A per-layer schedule (grammar below), e.g. "mxfp6@layers=0-3+last;mxfp4" or "hybrid";
     /// overrides --attn.
     #[arg(long)]
     attn_schedule: Option<String>,

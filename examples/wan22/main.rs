@@ -10,15 +10,15 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use indicatif::{ProgressBar, ProgressStyle};
-use mxattn::models::device_args::{dtype_or_default, DeviceArgs};
-use mxattn::models::wan::pipeline::{GenerateOptions, WanPipeline};
-use mxattn::models::wan::schedule::{help as schedule_help, ScheduleSpec};
-use mxattn::models::wan::scheduler::SamplerKind;
-use mxattn::models::wan::sizes::{parse_size, WanVariant};
-use mxattn::models::wan::umt5::WAN_NEGATIVE_PROMPT;
-use mxattn::models::wan::video::{GifWriter, Mp4Writer, RgbFrames};
-use mxattn::models::wan::{profile, video};
+use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs};
+use mxattn_video as video;
+use mxattn_video::{GifWriter, Mp4Writer, RgbFrames};
+use mxattn_wan::pipeline::{GenerateOptions, WanPipeline};
+use mxattn_wan::profile;
+use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
+use mxattn_wan::scheduler::SamplerKind;
+use mxattn_wan::sizes::{parse_size, WanVariant};
+use mxattn_wan::umt5::WAN_NEGATIVE_PROMPT;
 use std::hash::{DefaultHasher, Hasher};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -142,22 +142,6 @@ fn main() -> Result<()> {
     run(args)
 }
 
-fn bar(n: u64, what: &str, quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let b = ProgressBar::new(n);
-    b.set_style(
-        ProgressStyle::with_template(
-            "{msg:>10} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta}",
-        )
-        .unwrap()
-        .progress_chars("=> "),
-    );
-    b.set_message(what.to_string());
-    b
-}
-
 fn run(a: Args) -> Result<()> {
     let device = a.dev.device()?;
     let dtype = a.dev.dtype(&device)?;
@@ -258,7 +242,7 @@ fn run(a: Args) -> Result<()> {
     let _ = profile::take();
 
     let latents = pipe.initial_latents(&opts)?;
-    let pb = bar(opts.steps as u64, "denoise", a.quiet);
+    let pb = progress_bar(opts.steps as u64, "denoise", a.quiet);
     let mut steps = Vec::new();
     let t_den = Instant::now();
     let latents = pipe.denoise(
@@ -320,7 +304,7 @@ fn run(a: Args) -> Result<()> {
     let mut written = Vec::new();
     if !a.no_decode {
         let t_vae = Instant::now();
-        let vb = bar(dims.2 as u64, "VAE", a.quiet);
+        let vb = progress_bar(dims.2 as u64, "VAE", a.quiet);
         let (w, h, fps) = (width, height, variant.fps());
         let ext = a
             .output
@@ -417,9 +401,7 @@ fn run(a: Args) -> Result<()> {
 
 #[cfg(feature = "hub")]
 fn hub_dir(model: &str, revision: Option<&str>) -> Result<PathBuf> {
-    Ok(mxattn::models::wan::pipeline::hub_snapshot(
-        model, revision,
-    )?)
+    Ok(mxattn_wan::pipeline::hub_snapshot(model, revision)?)
 }
 
 #[cfg(not(feature = "hub"))]

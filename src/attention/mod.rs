@@ -31,6 +31,7 @@ pub mod config;
 pub mod decode;
 pub mod hadamard;
 pub(crate) mod op;
+pub mod presets;
 pub(crate) mod problem;
 pub(crate) mod softmax;
 
@@ -40,6 +41,7 @@ pub use config::{
     FusedSoftmaxConfig, OperandFormat, ProbFormat, KV_TILE,
 };
 pub use decode::{attention_decode, KvOperand};
+pub use presets::{preset, Preset, PRESETS};
 pub use softmax::efq::{efq_block, EfqBlock};
 
 use crate::mx::pack::pack_granule;

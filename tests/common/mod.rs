@@ -1,12 +1,9 @@
-//! Helpers shared by the test files: attention runs, and for the model tests a tensor
-//! difference and a recording attention policy.
+//! Helpers shared by the test files: attention runs, seeded inputs, a tensor difference.
 #![allow(dead_code)]
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use mxattn::attention::{attention_ext, AttentionConfig, CpuPath, RunOptions};
-use mxattn::models::wan::{AttnPolicy, AttnSite};
 use mxattn::synth;
-use std::sync::Mutex;
 
 /// Output, LSE and rollback count of one CPU call.
 pub struct Out {
@@ -47,49 +44,7 @@ pub fn uniform(shape: &[usize], seed: u64, lo: f32) -> Tensor {
     Tensor::from_vec(v, shape, &candle_core::Device::Cpu).unwrap()
 }
 
-/// The largest |a − b| over all elements, compared in f32; the shapes must match.
+/// [`mxattn::oracle::max_abs_diff`], for tests.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-/// An attention policy that records every call site a model asks about and answers `cfg`.
-pub struct Recorder {
-    pub cfg: AttentionConfig,
-    sites: Mutex<Vec<AttnSite>>,
-}
-
-impl Recorder {
-    pub fn new(cfg: AttentionConfig) -> Self {
-        Self {
-            cfg,
-            sites: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Answers exact attention.
-    pub fn exact() -> Self {
-        Self::new(AttentionConfig::exact())
-    }
-
-    /// The sites asked about so far, in order.
-    pub fn sites(&self) -> Vec<AttnSite> {
-        self.sites.lock().unwrap().clone()
-    }
-}
-
-impl AttnPolicy for Recorder {
-    fn config(&self, site: &AttnSite) -> AttentionConfig {
-        self.sites.lock().unwrap().push(*site);
-        self.cfg.clone()
-    }
+    mxattn::oracle::max_abs_diff(a, b).unwrap()
 }

@@ -1,0 +1,128 @@
+//! Command-line support shared by the example and evaluation programs: the device and dtype
+//! flags (one parser for every program) and one progress-bar style.
+
+use candle_core::{bail, DType, Device, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// `--cpu`, `--device`, `--dtype`, for `#[command(flatten)]` in a clap parser.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DeviceArgs {
+    /// Run on the CPU (same as --device cpu).
+    #[arg(long)]
+    pub cpu: bool,
+    /// cpu, cuda or cuda:N (default: cuda:0 when this build has CUDA and a GPU is present,
+    /// else cpu).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Model dtype: f32, bf16 or f16 (default: f32 on the CPU, bf16 on a GPU).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+impl DeviceArgs {
+    /// `--device`, else [`default_device`].
+    pub fn device(&self) -> Result<Device> {
+        if self.cpu {
+            return Ok(Device::Cpu);
+        }
+        match self.device.as_deref() {
+            Some(d) => parse_device(d),
+            None => Ok(default_device()),
+        }
+    }
+
+    /// `--dtype`, else the default for `device`.
+    pub fn dtype(&self, device: &Device) -> Result<DType> {
+        dtype_or_default(self.dtype.as_deref(), device)
+    }
+}
+
+/// The first GPU when this build has CUDA and one is present, else the CPU (a build with
+/// CUDA on a machine without a GPU says so on stderr and runs on the CPU).
+pub fn default_device() -> Device {
+    if !candle_core::utils::cuda_is_available() {
+        return Device::Cpu;
+    }
+    match Device::new_cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("note: no usable GPU ({e}); running on the CPU");
+            Device::Cpu
+        }
+    }
+}
+
+/// `cpu`, `cuda` (= `cuda:0`, also `gpu`) or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" | "gpu" => Device::new_cuda(0),
+        d => match d.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Device::new_cuda(i),
+            _ => bail!("unknown device {s:?}; expected cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+/// `f32`, `bf16` or `f16` (also `float32`, `bfloat16`, `float16`).
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" => Ok(DType::F16),
+        _ => bail!("unknown dtype {s:?}; expected f32, bf16 or f16"),
+    }
+}
+
+/// A dtype flag's value, else f32 on the CPU and bf16 on a GPU.
+pub fn dtype_or_default(flag: Option<&str>, device: &Device) -> Result<DType> {
+    match flag {
+        Some(d) => parse_dtype(d),
+        None if device.is_cpu() => Ok(DType::F32),
+        None => Ok(DType::BF16),
+    }
+}
+
+/// A progress bar over `len` items labelled `what` (hidden when `quiet`), in the one style
+/// the programs share: `label [=====>    ] pos/len elapsed eta`.
+pub fn progress_bar(len: u64, what: &str, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{msg:>12} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    b.set_message(what.to_string());
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_and_dtype_names() {
+        assert!(parse_device(" CPU ").unwrap().is_cpu());
+        let e = parse_device("tpu").unwrap_err().to_string();
+        assert!(e.contains("expected cpu, cuda or cuda:N"), "{e}");
+        assert!(parse_device("cuda:x").is_err());
+        assert_eq!(parse_dtype("bfloat16").unwrap(), DType::BF16);
+        assert_eq!(parse_dtype("F16").unwrap(), DType::F16);
+        assert!(parse_dtype("f8")
+            .unwrap_err()
+            .to_string()
+            .contains("f32, bf16 or f16"));
+        assert_eq!(dtype_or_default(None, &Device::Cpu).unwrap(), DType::F32);
+        let a = DeviceArgs {
+            cpu: true,
+            device: Some("cuda".into()),
+            dtype: None,
+        };
+        assert!(a.device().unwrap().is_cpu(), "--cpu wins over --device");
+    }
+}

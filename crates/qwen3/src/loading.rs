@@ -1,0 +1,235 @@
+//! Finding, checking and loading Qwen3 checkpoints.
+//!
+//! A checkpoint directory holds `config.json`, usually `tokenizer.json`, and the weights
+//! as `model.safetensors` or as shards listed by `model.safetensors.index.json`. Before
+//! the weights are mapped, [`check_checkpoint`] opens every file and compares each tensor
+//! the config implies with what the files hold, so a truncated file, a missing tensor, a
+//! wrong shape or an index that points at the wrong shard is an error naming the file and
+//! the tensor (candle's own messages name only one of the two).
+
+use super::config::Config;
+use super::model::Qwen3;
+use super::schedule::Schedule;
+use candle_core::{DType, Device, Result, Tensor};
+use candle_nn::VarBuilder;
+use mxattn_checkpoint::{ComponentFiles, TensorScan};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn msg(s: String) -> candle_core::Error {
+    candle_core::Error::Msg(s)
+}
+
+/// The files of one checkpoint: the weights (a [`ComponentFiles`]) and the tokenizer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointFiles {
+    /// `config.json` and the safetensors file(s), with the index when sharded.
+    pub component: ComponentFiles,
+    pub tokenizer: Option<PathBuf>,
+}
+
+const WEIGHTS: &str = "model.safetensors";
+
+impl CheckpointFiles {
+    /// The files of a local checkpoint directory.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let component = ComponentFiles::find(dir, None, WEIGHTS)?;
+        let tok = dir.join("tokenizer.json");
+        Ok(Self {
+            component,
+            tokenizer: tok.is_file().then_some(tok),
+        })
+    }
+
+    /// Files of a Hugging Face Hub repository (`Qwen/Qwen3-8B`), through the local cache
+    /// first and the network second. Needs the `hub` feature (on by default).
+    #[cfg(feature = "hub")]
+    pub fn from_hub(repo_id: &str, revision: Option<&str>) -> Result<Self> {
+        let get = mxattn_checkpoint::hub_getter(repo_id, revision, "Qwen/Qwen3-8B")?;
+        let component = mxattn_checkpoint::fetch_component(&get, None, WEIGHTS)?;
+        Ok(Self {
+            component,
+            tokenizer: get("tokenizer.json").ok(),
+        })
+    }
+}
+
+/// Every tensor a Qwen3 of `cfg` loads, with its shape.
+pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
+    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let mut v = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let mut push = |n: &str, s: Vec<usize>| v.push((format!("{p}.{n}"), s));
+        push("input_layernorm.weight", vec![h]);
+        push("post_attention_layernorm.weight", vec![h]);
+        push("self_attn.q_proj.weight", vec![nh * d, h]);
+        push("self_attn.k_proj.weight", vec![nkv * d, h]);
+        push("self_attn.v_proj.weight", vec![nkv * d, h]);
+        push("self_attn.o_proj.weight", vec![h, nh * d]);
+        if cfg.attention_bias {
+            push("self_attn.q_proj.bias", vec![nh * d]);
+            push("self_attn.k_proj.bias", vec![nkv * d]);
+            push("self_attn.v_proj.bias", vec![nkv * d]);
+            push("self_attn.o_proj.bias", vec![h]);
+        }
+        push("self_attn.q_norm.weight", vec![d]);
+        push("self_attn.k_norm.weight", vec![d]);
+        push("mlp.gate_proj.weight", vec![i, h]);
+        push("mlp.up_proj.weight", vec![i, h]);
+        push("mlp.down_proj.weight", vec![h, i]);
+    }
+    v.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    v
+}
+
+/// Opens every weight file and checks that each tensor `cfg` needs is present once, in
+/// the shard the index names, with the right shape and a float dtype.
+pub fn check_checkpoint(cfg: &Config, files: &CheckpointFiles) -> Result<()> {
+    let scan = TensorScan::open(&files.component)?;
+    for (name, shape) in expected_tensors(cfg) {
+        scan.check(&name, &shape, || format!("checkpoint: tensor {name}"))?;
+    }
+    Ok(())
+}
+
+/// Checks and loads a checkpoint in `dtype` on `device`.
+pub fn load(
+    cfg: &Config,
+    files: &CheckpointFiles,
+    schedule: &Schedule,
+    dtype: DType,
+    device: &Device,
+) -> Result<Qwen3> {
+    check_checkpoint(cfg, files)?;
+    let vb = files.component.var_builder(dtype, device)?;
+    Qwen3::new(cfg, schedule, vb).map_err(|e| {
+        msg(format!(
+            "building Qwen3 from {}: {e}",
+            files
+                .component
+                .weights
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })
+}
+
+/// The architecture of `cfg` with random weights (for speed runs without a checkpoint).
+///
+/// Weights ~ N(0, 0.02²) (transformers' `initializer_range`), norms 1, biases 0. On the
+/// CPU they come from [`mxattn::synth::Rng`]; on a GPU from the device's generator after
+/// `set_seed(seed)` (fast for an 8B model). The values only need to be finite and of a
+/// realistic scale: speed does not depend on them.
+pub fn random(
+    cfg: &Config,
+    schedule: &Schedule,
+    dtype: DType,
+    device: &Device,
+    seed: u64,
+) -> Result<Qwen3> {
+    let mut rng = mxattn::synth::Rng::new(seed);
+    if !device.is_cpu() {
+        device.set_seed(seed)?;
+    }
+    let mut tensors = HashMap::new();
+    for (name, shape) in expected_tensors(cfg) {
+        let s = shape.as_slice();
+        let t = if name.ends_with("norm.weight") {
+            Tensor::ones(s, dtype, device)?
+        } else if name.ends_with(".bias") {
+            Tensor::zeros(s, dtype, device)?
+        } else if device.is_cpu() {
+            let n = s.iter().product();
+            Tensor::from_vec(rng.normals(n, 0.02), s, device)?.to_dtype(dtype)?
+        } else {
+            Tensor::randn(0f32, 0.02, s, device)?.to_dtype(dtype)?
+        };
+        tensors.insert(name, t);
+    }
+    let vb = VarBuilder::from_tensors(tensors, dtype, device);
+    Qwen3::new(cfg, schedule, vb)
+}
+
+/// Where the weights come from.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A local checkpoint directory.
+    Dir(PathBuf),
+    /// A Hub repository such as `Qwen/Qwen3-8B` (needs the `hub` feature).
+    Hub {
+        repo: String,
+        revision: Option<String>,
+    },
+    /// Random weights for `config`.
+    Random { config: Box<Config>, seed: u64 },
+}
+
+/// A model ready to run, with its tokenizer file when the source has one.
+pub struct Opened {
+    pub model: Qwen3,
+    pub tokenizer: Option<PathBuf>,
+    /// What was loaded, for logs.
+    pub description: String,
+}
+
+/// Resolves the source, checks and loads the weights, and applies `schedule`.
+pub fn open(
+    source: &ModelSource,
+    schedule: &super::schedule::ScheduleSpec,
+    dtype: DType,
+    device: &Device,
+) -> Result<Opened> {
+    let from_files = |files: CheckpointFiles, what: String| -> Result<Opened> {
+        let cfg = Config::from_file(&files.component.config)?;
+        let s = schedule.resolve(cfg.num_hidden_layers)?;
+        let model = load(&cfg, &files, &s, dtype, device)?;
+        Ok(Opened {
+            model,
+            tokenizer: files.tokenizer.clone(),
+            description: what,
+        })
+    };
+    match source {
+        ModelSource::Dir(d) => from_files(CheckpointFiles::from_dir(d)?, d.display().to_string()),
+        ModelSource::Hub { repo, revision } => {
+            #[cfg(feature = "hub")]
+            {
+                let files = CheckpointFiles::from_hub(repo, revision.as_deref())?;
+                from_files(files, format!("{repo} (hub)"))
+            }
+            #[cfg(not(feature = "hub"))]
+            {
+                let _ = (revision, from_files);
+                bail!(
+                    "--model {repo}: this build has no Hub support; build with `--features hub`, \
+                     or download the checkpoint and pass --model-dir DIR"
+                )
+            }
+        }
+        ModelSource::Random { config, seed } => {
+            let s = schedule.resolve(config.num_hidden_layers)?;
+            let model = random(config, &s, dtype, device, *seed)?;
+            Ok(Opened {
+                model,
+                tokenizer: None,
+                description: format!(
+                    "random weights ({} layers, hidden {}, {:.2} B parameters, seed {seed})",
+                    config.num_hidden_layers,
+                    config.hidden_size,
+                    config.num_parameters() as f64 / 1e9
+                ),
+            })
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The Qwen3 decoder with mxattn attention in every layer.
+//!
+//! Adapted from candle-transformers 0.11.1 `src/models/qwen3.rs` (Apache-2.0 / MIT,
+//! Copyright the Candle authors; <https://github.com/huggingface/candle>). Changes:
+//! attention goes through [`mxattn::attention::attention`] with one [`LayerSpec`] per layer
+//! instead of candle's flash/matmul dispatch; the KV cache is [`LayerKvCache`] (K/V in
+//! the layer's format) instead of `ConcatKvCache`; positions come from the cache length;
+//! logits are available for every position, not only the last; RoPE frequencies are
+//! computed in f32 as transformers does; optional Hadamard rotation of q/k for
+//! Fused-Softmax layers; errors instead of panics for out-of-range positions.
+//!
+//! Architecture (transformers `modeling_qwen3.py`): pre-RMSNorm blocks; q/k/v/o
+//! projections; RMSNorm over head_dim on each q and k head **before** RoPE;
+//! non-interleaved (`rotate_half`) RoPE; GQA; SwiGLU MLP `down(silu(gate x) · up x)`;
+//! final RMSNorm; `lm_head` (tied to the embeddings in the small sizes).
+
+use super::config::Config;
+use super::kv_cache::LayerKvCache;
+use super::schedule::{LayerSpec, Schedule};
+use candle_core::{bail, DType, Device, Module, Result, Tensor};
+use candle_nn::{linear_b, linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
+use mxattn::attention::attention_decode;
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct Rotary {
+    sin: Tensor,
+    cos: Tensor,
+    max_pos: usize,
+}
+
+impl Rotary {
+    fn new(dtype: DType, cfg: &Config, dev: &Device) -> Result<Self> {
+        let dim = cfg.head_dim;
+        // transformers: inv_freq = 1 / base^(arange(0, d, 2) / d), in f32
+        let base = cfg.rope_theta as f32;
+        let inv_freq: Vec<f32> = (0..dim)
+            .step_by(2)
+            .map(|i| 1f32 / base.powf(i as f32 / dim as f32))
+            .collect();
+        let n = inv_freq.len();
+        let inv_freq = Tensor::from_vec(inv_freq, (1, n), dev)?;
+        let max_pos = cfg.max_position_embeddings;
+        let t = Tensor::arange(0u32, max_pos as u32, dev)?
+            .to_dtype(DType::F32)?
+            .reshape((max_pos, 1))?;
+        let freqs = t.matmul(&inv_freq)?;
+        Ok(Self {
+            sin: freqs.sin()?.to_dtype(dtype)?,
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            max_pos,
+        })
+    }
+
+    /// q, k: `[b, h, l, d]` at positions `offset..offset+l`.
+    fn apply(&self, q: &Tensor, k: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
+        let l = q.dim(2)?;
+        if offset + l > self.max_pos {
+            bail!(
+                "qwen3: positions {offset}..{} exceed max_position_embeddings ({})",
+                offset + l,
+                self.max_pos
+            );
+        }
+        let cos = self.cos.narrow(0, offset, l)?;
+        let sin = self.sin.narrow(0, offset, l)?;
+        let q = candle_nn::rotary_emb::rope(&q.contiguous()?, &cos, &sin)?;
+        let k = candle_nn::rotary_emb::rope(&k.contiguous()?, &cos, &sin)?;
+        Ok((q, k))
+    }
+}
+
+/// `H_d / √d` as a matrix, built from the op's own transform
+/// ([`mxattn::attention::hadamard::hadamard_rotate`]) so both rotations are one definition.
+/// It is symmetric, so `x · H` rotates the rows of `x`.
+fn hadamard_matrix(d: usize, dev: &Device) -> Result<Tensor> {
+    if !d.is_power_of_two() {
+        bail!("qwen3: the Hadamard rotation needs a power-of-two head dim, got {d}");
+    }
+    let mut data = vec![0f32; d * d];
+    for (j, row) in data.chunks_mut(d).enumerate() {
+        row[j] = 1.0;
+        mxattn::attention::hadamard::hadamard_rotate(row);
+    }
+    Tensor::from_vec(data, (d, d), dev)
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    act: candle_nn::Activation,
+}
+
+impl Mlp {
+    fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            gate_proj: linear_no_bias(cfg.hidden_size, cfg.intermediate_size, vb.pp("gate_proj"))?,
+            up_proj: linear_no_bias(cfg.hidden_size, cfg.intermediate_size, vb.pp("up_proj"))?,
+            down_proj: linear_no_bias(cfg.intermediate_size, cfg.hidden_size, vb.pp("down_proj"))?,
+            act: cfg.hidden_act,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = x.apply(&self.gate_proj)?.apply(&self.act)?;
+        (g * x.apply(&self.up_proj)?)?.apply(&self.down_proj)
+    }
+}
+
+#[derive(Debug)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    rotary: Arc<Rotary>,
+    spec: LayerSpec,
+    /// `H/√d` in f32 when `spec.rotate_qk`
+    hadamard: Option<Tensor>,
+    cache: LayerKvCache,
+    /// layer index, for error messages
+    index: usize,
+}
+
+impl Attention {
+    fn new(
+        cfg: &Config,
+        rotary: Arc<Rotary>,
+        spec: LayerSpec,
+        index: usize,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let bias = cfg.attention_bias;
+        let hadamard = Self::hadamard_for(&spec, d, vb.device())?;
+        Ok(Self {
+            q_proj: linear_b(h, nh * d, bias, vb.pp("q_proj"))?,
+            k_proj: linear_b(h, nkv * d, bias, vb.pp("k_proj"))?,
+            v_proj: linear_b(h, nkv * d, bias, vb.pp("v_proj"))?,
+            o_proj: linear_b(nh * d, h, bias, vb.pp("o_proj"))?,
+            q_norm: rms_norm(d, cfg.rms_norm_eps, vb.pp("q_norm"))?,
+            k_norm: rms_norm(d, cfg.rms_norm_eps, vb.pp("k_norm"))?,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: d,
+            rotary,
+            cache: LayerKvCache::new(spec.kv),
+            spec,
+            hadamard,
+            index,
+        })
+    }
+
+    fn hadamard_for(spec: &LayerSpec, d: usize, dev: &Device) -> Result<Option<Tensor>> {
+        if spec.rotate_qk {
+            Ok(Some(hadamard_matrix(d, dev)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn set_spec(&mut self, spec: LayerSpec) -> Result<()> {
+        self.hadamard = Self::hadamard_for(&spec, self.head_dim, self.q_proj.weight().device())?;
+        self.cache = LayerKvCache::new(spec.kv);
+        self.spec = spec;
+        Ok(())
+    }
+
+    /// Rotates the last dim by `H/√d`, in f32.
+    fn rotate(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.hadamard {
+            None => Ok(x.clone()),
+            Some(h) => x
+                .to_dtype(DType::F32)?
+                .broadcast_matmul(h)?
+                .to_dtype(x.dtype()),
+        }
+    }
+
+    fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        let (b, l, _) = x.dims3()?;
+        let offset = self.cache.len();
+        let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = x
+            .apply(&self.q_proj)?
+            .reshape((b, l, nh, d))?
+            .transpose(1, 2)?;
+        let k = x
+            .apply(&self.k_proj)?
+            .reshape((b, l, nkv, d))?
+            .transpose(1, 2)?;
+        let v = x
+            .apply(&self.v_proj)?
+            .reshape((b, l, nkv, d))?
+            .transpose(1, 2)?;
+        // per-head RMSNorm over head_dim, before RoPE
+        let q = self
+            .q_norm
+            .forward(&q.contiguous()?.flatten(0, 2)?)?
+            .reshape((b, nh, l, d))?;
+        let k = self
+            .k_norm
+            .forward(&k.contiguous()?.flatten(0, 2)?)?
+            .reshape((b, nkv, l, d))?;
+        let (q, k) = self.rotary.apply(&q, &k, offset)?;
+        let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
+        self.cache.push(&k, &v.contiguous()?)?;
+        let cfg = self.spec.attn.clone().with_causal(true);
+        // The cache as stored: a decode step on CUDA reads MX codes directly; otherwise
+        // the views are dequantized and the attention op runs on them.
+        let (kv, vv) = (self.cache.k_view()?, self.cache.v_view()?);
+        let (Some(kv), Some(vv)) = (kv, vv) else {
+            bail!("qwen3 layer {}: empty KV cache after an append", self.index);
+        };
+        let o = attention_decode(&q, &kv, &vv, &cfg).map_err(|e| {
+            candle_core::Error::Msg(format!("qwen3 layer {} ({}): {e}", self.index, cfg.label()))
+        })?;
+        o.transpose(1, 2)?
+            .reshape((b, l, nh * d))?
+            .apply(&self.o_proj)
+    }
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    attn: Attention,
+    mlp: Mlp,
+    ln1: RmsNorm,
+    ln2: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn new(
+        cfg: &Config,
+        rotary: Arc<Rotary>,
+        spec: LayerSpec,
+        index: usize,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        Ok(Self {
+            attn: Attention::new(cfg, rotary, spec, index, vb.pp("self_attn"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            ln1: rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            ln2: rms_norm(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                vb.pp("post_attention_layernorm"),
+            )?,
+        })
+    }
+
+    fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        let h = self.attn.forward(&self.ln1.forward(x)?)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&self.ln2.forward(&x)?)?;
+        x + h
+    }
+}
+
+/// Qwen3 for causal LM, with a KV cache per layer. Each forward call continues the
+/// sequence the caches hold (positions start at [`Qwen3::seq_len`]); call
+/// [`Qwen3::clear_kv_cache`] to start a new one.
+#[derive(Debug)]
+pub struct Qwen3 {
+    cfg: Config,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    device: Device,
+    dtype: DType,
+}
+
+impl Qwen3 {
+    /// Builds the model from `vb` (weights under `model.*` and `lm_head`) with one spec
+    /// per layer.
+    pub fn new(cfg: &Config, schedule: &Schedule, vb: VarBuilder) -> Result<Self> {
+        if !matches!(vb.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+            bail!(
+                "qwen3: dtype {:?} is not supported (use f32, bf16 or f16)",
+                vb.dtype()
+            );
+        }
+        if schedule.len() != cfg.num_hidden_layers {
+            bail!(
+                "qwen3: the schedule has {} layers, the model {}",
+                schedule.len(),
+                cfg.num_hidden_layers
+            );
+        }
+        let embed_tokens =
+            candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb.pp("model.embed_tokens"))?;
+        let rotary = Arc::new(Rotary::new(vb.dtype(), cfg, vb.device())?);
+        let vb_l = vb.pp("model.layers");
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            layers.push(DecoderLayer::new(
+                cfg,
+                rotary.clone(),
+                schedule.layer(i).clone(),
+                i,
+                vb_l.pp(i),
+            )?);
+        }
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed_tokens.embeddings().clone(), None)
+        } else {
+            linear_no_bias(cfg.hidden_size, cfg.vocab_size, vb.pp("lm_head"))?
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm: rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("model.norm"))?,
+            lm_head,
+            device: vb.device().clone(),
+            dtype: vb.dtype(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Tokens in the caches (the position of the next token).
+    pub fn seq_len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.attn.cache.len())
+    }
+
+    pub fn clear_kv_cache(&mut self) {
+        for l in &mut self.layers {
+            l.attn.cache.reset();
+        }
+    }
+
+    /// Replaces the per-layer specs (and empties the caches).
+    pub fn set_schedule(&mut self, schedule: &Schedule) -> Result<()> {
+        if schedule.len() != self.layers.len() {
+            bail!(
+                "qwen3: the schedule has {} layers, the model {}",
+                schedule.len(),
+                self.layers.len()
+            );
+        }
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            l.attn.set_spec(schedule.layer(i).clone())?;
+        }
+        Ok(())
+    }
+
+    /// The spec of layer `i`.
+    pub fn layer_spec(&self, i: usize) -> &LayerSpec {
+        &self.layers[i].attn.spec
+    }
+
+    /// The KV cache of layer `i` (for kernels that read its codes directly).
+    pub fn layer_cache(&self, i: usize) -> &LayerKvCache {
+        &self.layers[i].attn.cache
+    }
+
+    /// Bytes held by all KV caches.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.attn.cache.bytes()).sum()
+    }
+
+    /// What the caches would hold in bf16 (2 bytes per K and V element), for comparison.
+    pub fn kv_cache_bytes_as_bf16(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| 2 * 2 * l.attn.cache.elements())
+            .sum()
+    }
+
+    /// Final hidden states `[b, l, hidden]` for `input` (`[b, l]` token ids, u32), which
+    /// continues the cached sequence.
+    pub fn forward_hidden(&mut self, input: &Tensor) -> Result<Tensor> {
+        let (_, l) = input.dims2()?;
+        if l == 0 {
+            bail!("qwen3: empty input");
+        }
+        self.check_ids(input)?;
+        let mut h = self.embed_tokens.forward(input)?;
+        for layer in &mut self.layers {
+            h = layer.forward(&h)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Logits `[b, l, vocab]` (f32) for every position of `input`.
+    pub fn forward_all(&mut self, input: &Tensor) -> Result<Tensor> {
+        self.forward_hidden(input)?
+            .apply(&self.lm_head)?
+            .to_dtype(DType::F32)
+    }
+
+    /// Logits `[b, vocab]` (f32) of the last position only (generation).
+    pub fn forward_last(&mut self, input: &Tensor) -> Result<Tensor> {
+        let h = self.forward_hidden(input)?;
+        let l = h.dim(1)?;
+        h.narrow(1, l - 1, 1)?
+            .squeeze(1)?
+            .apply(&self.lm_head)?
+            .to_dtype(DType::F32)
+    }
+
+    /// An id past the vocabulary would read past the embedding table.
+    fn check_ids(&self, input: &Tensor) -> Result<()> {
+        let max = input.flatten_all()?.max(0)?.to_dtype(DType::U32)?;
+        let max = max.to_scalar::<u32>()? as usize;
+        if max >= self.cfg.vocab_size {
+            bail!(
+                "qwen3: token id {max} is outside the vocabulary (vocab_size {})",
+                self.cfg.vocab_size
+            );
+        }
+        Ok(())
+    }
+}
