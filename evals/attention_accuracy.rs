@@ -7,7 +7,6 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mxattn_cli::progress_bar;
 use mxattn::attention::{
     attention_ext, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs, FusedSoftmaxConfig,
     OperandFormat, ProbFormat, RunOptions,
@@ -18,6 +17,7 @@ use mxattn::oracle::{
     OracleOutput,
 };
 use mxattn::synth::{self, Distribution, Shape};
+use mxattn_cli::progress_bar;
 use serde::Serialize;
 use std::time::Instant;
 

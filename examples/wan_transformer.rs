@@ -16,6 +16,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use mxattn::attention::AttentionConfig;
+use mxattn_cli::spans::SpanTimes;
 use mxattn_cli::DeviceArgs;
 use mxattn_wan::profile;
 use mxattn_wan::schedule::attention_config;
@@ -147,6 +148,12 @@ fn main() -> Result<()> {
         "unfused" => &[false],
         _ => &[false, true],
     };
+    // --profile-stages: the block stages' spans, on for one extra forward per config
+    let stage_times = if a.profile_stages {
+        Some(SpanTimes::install(profile::STAGES).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     for (name, fused) in a
         .attn
         .split(',')
@@ -188,14 +195,14 @@ fn main() -> Result<()> {
         if reference.is_none() {
             reference = Some(out);
         }
-        if a.profile_stages {
-            profile::set_stages(true);
+        if let Some(times) = &stage_times {
+            times.set_on(true);
             let s = Instant::now();
             m.forward(&latents, &t, &text, &cfg_attn, 0, 0)?;
             sync(&dev)?;
             let total = s.elapsed().as_secs_f64();
-            profile::set_stages(false);
-            let stages = profile::take_stages();
+            times.set_on(false);
+            let stages = times.take();
             let staged: f64 = stages.iter().map(|s| s.1).sum();
             println!("    | stage | s per forward | calls | share |\n    |---|---|---|---|");
             for (stage, secs, calls) in &stages {

@@ -1,5 +1,6 @@
 // Parameters of one attention call, shared with Rust (src/cuda/ffi.rs `AttnParams`,
-// #[repr(C)]): keep both in the same order.
+// #[repr(C)]): same fields, same names, same order. build.rs checks the layout at build
+// time (every offset and the size, from the Rust declaration).
 #pragma once
 #include <stdint.h>
 

@@ -29,6 +29,7 @@
 #if defined(__HIPCC__)
 // wgmma is NVIDIA Hopper PTX; AMD builds take the portable kernels for every call.
 extern "C" int mxa_attention_wgmma_supported(const AttnParams*) { return 0; }
+extern "C" int mxa_wgmma_available() { return 0; }
 extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
 extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
@@ -42,6 +43,12 @@ extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*,
 #include <type_traits>
 #include "wgmma_ops.cuh"
 #include "wgmma_layout.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The wgmma helpers below go unused in passes for GPUs without wgmma (the kernel body is
+// compiled out there).
+#pragma nv_diag_suppress 177
+#endif
 
 namespace wg {
 
@@ -201,6 +208,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                            const uint8_t* __restrict__ k, const float* __restrict__ kmul,
                            const uint8_t* __restrict__ vt, const float* __restrict__ vscale, int sq_pad, int sk_pad,
                            void* __restrict__ out, unsigned long long* __restrict__ rollbacks, int* __restrict__ bad) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // This pass targets a GPU without wgmma (sm_80/89, or the portable PTX): the host never
+  // launches the kernel there (mxa_attention_wgmma_supported), so an empty body suffices.
+  __trap();
+#else
   using T = Tile<FP8>;
   constexpr int BC = T::BC;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -525,6 +537,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   if (t == 0 && nroll) atomicAdd(rollbacks, (unsigned long long)nroll);
+#endif  // wgmma available in this pass
 }
 
 static int mode_of(const AttnParams* P) {
@@ -553,8 +566,21 @@ static int launch(const AttnParams* P, const void* q, const float* qmul, const v
 
 }  // namespace wg
 
+// Whether this build has sm_90a code (build.rs defines MXA_HAVE_SM90A when 90a is among the
+// architectures) and the current device runs it (compute capability 9.0: H100, H200).
+static bool wgmma_runs_here() {
+#if defined(MXA_HAVE_SM90A)
+  return mxa_device_cc() == 90;
+#else
+  return false;
+#endif
+}
+
+extern "C" int mxa_wgmma_available() { return wgmma_runs_here() ? 1 : 0; }
+
 // 0: not taken; 1: BF16 operands (exact softmax); 2: FP8 E4M3 operands.
 extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
+  if (!wgmma_runs_here()) return 0;
   if (P->d != wg::D || P->hkv <= 0 || P->hq % P->hkv != 0) return 0;
   const bool native = (P->qk.kind == OPK_NATIVE || P->qk.kind == OPK_BF16) &&
                       (P->v.kind == OPK_NATIVE || P->v.kind == OPK_BF16);

@@ -51,3 +51,21 @@ static __device__ __forceinline__ float f16_to_f32(f16_t x) { return __half2floa
 #define MXA_ERR_SMEM 3
 
 static inline int mxa_status() { return gpuGetLastError() == GPU_SUCCESS ? MXA_OK : MXA_ERR_LAUNCH; }
+
+#if !defined(__HIPCC__)
+// The current device's compute capability as 10 * major + minor (0 when it cannot be read).
+// Cached per device: the attribute query is cheap, but this runs on every attention call.
+static inline int mxa_device_cc() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+  if (dev < 64 && cache[dev]) return cache[dev];
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return 0;
+  const int cc = 10 * major + minor;
+  if (dev < 64) cache[dev] = cc;
+  return cc;
+}
+#endif

@@ -10,16 +10,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
+use mxattn_cli::spans::SpanTimes;
 use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs};
 use mxattn_video as video;
-use mxattn_video::{GifWriter, Mp4Writer, RgbFrames};
+use mxattn_video::{GifWriter, Mp4Writer};
+use mxattn_wan::generate::{Event, Request};
 use mxattn_wan::pipeline::{GenerateOptions, WanPipeline};
 use mxattn_wan::profile;
 use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
 use mxattn_wan::scheduler::SamplerKind;
 use mxattn_wan::sizes::{parse_size, WanVariant};
 use mxattn_wan::umt5::WAN_NEGATIVE_PROMPT;
-use std::hash::{DefaultHasher, Hasher};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -142,6 +143,11 @@ fn main() -> Result<()> {
     run(args)
 }
 
+/// Latent frames the VAE decodes (one progress tick each).
+fn dims_t(pipe: &WanPipeline, o: &GenerateOptions) -> u64 {
+    pipe.latent_dims(o).map_or(0, |d| d.2 as u64)
+}
+
 fn run(a: Args) -> Result<()> {
     let device = a.dev.device()?;
     let dtype = a.dev.dtype(&device)?;
@@ -206,113 +212,21 @@ fn run(a: Args) -> Result<()> {
         sampler,
         seed: a.seed,
     };
-    let dims = pipe.latent_dims(&opts)?;
-    let n_layers = pipe.experts[0].config().num_layers;
-    let schedule = spec.resolve(opts.steps, n_layers)?;
-    let sch = pipe.scheduler(&opts)?;
-    let switch = pipe.switch_step(sch.timesteps(), sch.num_train_timesteps())?;
-    println!(
-        "{width}x{height}, {} frames (latents {:?}, {} tokens), {} steps, shift {}, guidance {}/{}, {} sampler, seed {}",
-        opts.frames,
-        dims,
-        dims.2 * (dims.3 / 2) * (dims.4 / 2),
-        opts.steps,
-        opts.shift.unwrap(),
-        opts.guidance_high,
-        opts.guidance_low,
-        a.sampler,
-        opts.seed
-    );
-    if pipe.experts.len() == 2 {
-        println!(
-            "experts: high-noise for steps 0..{switch}, low-noise for {switch}..{}",
-            opts.steps
-        );
-    }
-    println!("attention: {}", schedule.summary(switch));
-    if pipe.vae.mid_attention_uses_fallback() {
-        println!("  (the Wan2.2 VAE's mid attention is 1024 wide: it runs exact attention whatever the schedule)");
-    }
-
-    profile::set_enabled(a.profile_attention);
-    let t_text = Instant::now();
-    let (cond, uncond) = pipe.encode_prompts(&opts)?;
-    device.synchronize()?;
-    let text_s = t_text.elapsed().as_secs_f64();
-    let _ = profile::take();
-
-    let latents = pipe.initial_latents(&opts)?;
-    let pb = progress_bar(opts.steps as u64, "denoise", a.quiet);
-    let mut steps = Vec::new();
-    let t_den = Instant::now();
-    let latents = pipe.denoise(
-        &opts,
-        latents,
-        &cond,
-        uncond.as_ref(),
-        &schedule,
-        |info, _| {
-            let (att_s, calls) = profile::take();
-            pb.inc(1);
-            steps.push(serde_json::json!({
-                "step": info.step, "timestep": info.timestep, "expert": info.expert,
-                "guidance": info.guidance, "seconds": info.seconds,
-                "attention_seconds": att_s, "attention_calls": calls,
-            }));
-            Ok(())
-        },
-    )?;
-    pb.finish_and_clear();
-    let denoise_s = t_den.elapsed().as_secs_f64();
-    // Fingerprints of the final latents and of the decoded frames, so two runs of one seed
-    // can be compared (run-to-run determinism) without keeping the data.
-    let mut h = DefaultHasher::new();
-    for x in latents
-        .to_dtype(candle_core::DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?
-    {
-        h.write_u32(x.to_bits());
-    }
-    let latents_hash = format!("{:016x}", h.finish());
-    let mut frames_hasher = DefaultHasher::new();
-    let step_s: Vec<f64> = steps
-        .iter()
-        .map(|s| s["seconds"].as_f64().unwrap())
-        .collect();
-    let att_s: f64 = steps
-        .iter()
-        .map(|s| s["attention_seconds"].as_f64().unwrap())
-        .sum();
-    println!(
-        "denoising: {:.2} s total, {:.3} s/step (mean of {}; first {:.3}, last {:.3})",
-        denoise_s,
-        step_s.iter().sum::<f64>() / step_s.len() as f64,
-        step_s.len(),
-        step_s[0],
-        step_s[step_s.len() - 1]
-    );
-    if a.profile_attention {
-        println!(
-            "attention (transformer self + cross): {:.2} s = {:.1} % of denoising",
-            att_s,
-            100.0 * att_s / denoise_s
-        );
-    }
-
-    let mut vae_s = None;
-    let mut written = Vec::new();
-    if !a.no_decode {
-        let t_vae = Instant::now();
-        let vb = progress_bar(dims.2 as u64, "VAE", a.quiet);
-        let (w, h, fps) = (width, height, variant.fps());
-        let ext = a
-            .output
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        let mut mp4 = None;
-        let mut gif = None;
+    let req = Request {
+        options: opts,
+        schedule: spec,
+        decode: !a.no_decode,
+    };
+    let opts = &req.options;
+    let (w, h, fps) = (width, height, variant.fps());
+    // the writers, opened before any work so a bad --output fails at once
+    let ext = a
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let (mut mp4, mut gif) = (None, None);
+    if req.decode {
         match ext.as_deref() {
             Some("mp4") => {
                 mp4 = Some(Mp4Writer::create(&a.output, w, h, fps)?);
@@ -331,39 +245,126 @@ fn run(a: Args) -> Result<()> {
         if let Some(dir) = &a.png_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let mut frame_no = 0usize;
-        let stats = pipe.decode(&latents, &schedule, |frames| {
-            let rgb = RgbFrames::from_tensor(&frames)?;
-            for f in &rgb.frames {
-                frames_hasher.write(f);
-                if let Some(m) = mp4.as_mut() {
-                    m.push_rgb(f)?;
+    }
+
+    // --profile-attention: time the transformer's attention spans (device-synchronized)
+    let times = if a.profile_attention {
+        let t = SpanTimes::install(profile::ATTENTION).map_err(anyhow::Error::msg)?;
+        t.set_on(true);
+        Some(t)
+    } else {
+        None
+    };
+    let take_attention = || {
+        times
+            .as_ref()
+            .map_or((0.0, 0), |t| t.take_label("attention"))
+    };
+    let pb = progress_bar(opts.steps as u64, "denoise", a.quiet);
+    let mut vb = None;
+    let mut per_step = Vec::new();
+    let mut frame_no = 0usize;
+    let gen = pipe.generate(&req, |event| {
+        match event {
+            Event::Planned(plan) => {
+                let dims = plan.latent_dims;
+                println!(
+                    "{width}x{height}, {} frames (latents {dims:?}, {} tokens), {} steps, shift {}, guidance {}/{}, {} sampler, seed {}",
+                    opts.frames,
+                    plan.tokens,
+                    opts.steps,
+                    opts.shift.unwrap_or_default(),
+                    opts.guidance_high,
+                    opts.guidance_low,
+                    a.sampler,
+                    opts.seed
+                );
+                if pipe.experts.len() == 2 {
+                    println!(
+                        "experts: high-noise for steps 0..{}, low-noise for {}..{}",
+                        plan.switch_step, plan.switch_step, opts.steps
+                    );
                 }
-                if let Some(g) = gif.as_mut() {
-                    g.push_rgb(f)?;
+                println!("attention: {}", plan.schedule.summary(plan.switch_step));
+                if pipe.vae.mid_attention_uses_fallback() {
+                    println!("  (the Wan2.2 VAE's mid attention is 1024 wide: it runs exact attention whatever the schedule)");
                 }
-                if let Some(dir) = &a.png_dir {
-                    video::write_png(dir.join(format!("frame_{frame_no:04}.png")), w, h, f)?;
-                }
-                frame_no += 1;
             }
-            vb.inc(1);
-            Ok(())
-        })?;
-        vb.finish_and_clear();
-        if let Some(m) = mp4 {
-            let s = m.finish()?;
-            written.push(format!("{} ({s:?})", a.output.display()));
+            Event::TextEncoded { .. } => {
+                let _ = take_attention();
+            }
+            Event::Step(info) => {
+                let (att_s, calls) = take_attention();
+                pb.inc(1);
+                per_step.push(serde_json::json!({
+                    "step": info.step, "timestep": info.timestep, "expert": info.expert,
+                    "guidance": info.guidance, "seconds": info.seconds,
+                    "attention_seconds": att_s, "attention_calls": calls,
+                }));
+                if info.step + 1 == opts.steps {
+                    pb.finish_and_clear();
+                }
+            }
+            Event::Frames(rgb) => {
+                let bar = vb.get_or_insert_with(|| progress_bar(dims_t(&pipe, opts), "VAE", a.quiet));
+                for f in &rgb.frames {
+                    if let Some(m) = mp4.as_mut() {
+                        m.push_rgb(f)?;
+                    }
+                    if let Some(g) = gif.as_mut() {
+                        g.push_rgb(f)?;
+                    }
+                    if let Some(dir) = &a.png_dir {
+                        video::write_png(dir.join(format!("frame_{frame_no:04}.png")), w, h, f)?;
+                    }
+                    frame_no += 1;
+                }
+                bar.inc(1);
+            }
         }
-        if let Some(g) = gif {
-            let n = g.finish()?;
-            written.push(format!("GIF, {n} frames"));
-        }
-        if let Some(dir) = &a.png_dir {
-            written.push(format!("{frame_no} PNG frames in {}", dir.display()));
-        }
-        let s = t_vae.elapsed().as_secs_f64();
-        vae_s = Some(s);
+        Ok(())
+    })?;
+    pb.finish_and_clear();
+    if let Some(b) = &vb {
+        b.finish_and_clear();
+    }
+    let dims = gen.plan.latent_dims;
+    let denoise_s = gen.denoise_seconds;
+    let text_s = gen.text_seconds;
+    let step_s: Vec<f64> = gen.steps.iter().map(|s| s.seconds).collect();
+    let att_s: f64 = per_step
+        .iter()
+        .map(|s| s["attention_seconds"].as_f64().unwrap_or(0.0))
+        .sum();
+    println!(
+        "denoising: {:.2} s total, {:.3} s/step (mean of {}; first {:.3}, last {:.3})",
+        denoise_s,
+        step_s.iter().sum::<f64>() / step_s.len() as f64,
+        step_s.len(),
+        step_s[0],
+        step_s[step_s.len() - 1]
+    );
+    if a.profile_attention {
+        println!(
+            "attention (transformer self + cross): {:.2} s = {:.1} % of denoising",
+            att_s,
+            100.0 * att_s / denoise_s
+        );
+    }
+    let mut written = Vec::new();
+    if let Some(m) = mp4 {
+        let s = m.finish()?;
+        written.push(format!("{} ({s:?})", a.output.display()));
+    }
+    if let Some(g) = gif {
+        let n = g.finish()?;
+        written.push(format!("GIF, {n} frames"));
+    }
+    if let Some(dir) = a.png_dir.as_ref().filter(|_| req.decode) {
+        written.push(format!("{frame_no} PNG frames in {}", dir.display()));
+    }
+    let vae_s = gen.decode.as_ref().map(|(s, _)| *s);
+    if let Some((s, stats)) = &gen.decode {
         println!(
             "VAE decode: {:.2} s, {} frames, peak activation {:.1} MiB, feature cache {:.1} MiB",
             s,
@@ -377,10 +378,13 @@ fn run(a: Args) -> Result<()> {
                 println!("  {stage:<16} {m:.4e}");
             }
         }
-        for w in &written {
-            println!("wrote {w}");
-        }
     }
+    for w in &written {
+        println!("wrote {w}");
+    }
+    let schedule = &gen.plan.schedule;
+    let steps = per_step;
+    let latents_hash = format!("{:016x}", gen.latents_hash);
     if let Some(p) = &a.json {
         let report = serde_json::json!({
             "variant": variant.to_string(), "random_weights": a.random_weights,
@@ -392,7 +396,7 @@ fn run(a: Args) -> Result<()> {
             "attention_seconds": if a.profile_attention { Some(att_s) } else { None },
             "vae_seconds": vae_s, "per_step": steps,
             "latents_hash": latents_hash,
-            "frames_hash": vae_s.map(|_| format!("{:016x}", frames_hasher.finish())),
+            "frames_hash": gen.frames_hash.map(|h| format!("{h:016x}")),
         });
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }

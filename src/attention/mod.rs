@@ -76,6 +76,20 @@ pub enum GpuPath {
     Simple,
 }
 
+/// Whether the Hopper wgmma kernel can run on `device` in this build: a CUDA device of
+/// compute capability 9.0 (H100, H200) and a build that includes sm_90a code (build.rs,
+/// `CUDA_COMPUTE_CAP`). Elsewhere the calls it would take run on the `mma.sync` kernel, and
+/// [`AttentionStats::gpu_kernel`] says so. False on the CPU and in builds without `cuda`.
+pub fn wgmma_available(device: &candle_core::Device) -> bool {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        // SAFETY: reads the current device's attributes; no arguments.
+        return unsafe { crate::cuda::ffi::mxa_wgmma_available() } != 0;
+    }
+    let _ = device;
+    false
+}
+
 /// Options of one call beyond the config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {

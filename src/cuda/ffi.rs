@@ -235,6 +235,7 @@ extern "C" {
         stream: Stream,
     ) -> i32;
     pub fn mxa_attention_wgmma_supported(p: *const AttnParams) -> i32;
+    pub fn mxa_wgmma_available() -> i32;
     pub fn mxa_wgmma_rows_per_cta() -> i32;
     pub fn mxa_wgmma_rows_per_warpgroup() -> i32;
     pub fn mxa_wgmma_keys_per_tile() -> i32;

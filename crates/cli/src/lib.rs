@@ -1,5 +1,8 @@
 //! Command-line support shared by the example and evaluation programs: the device and dtype
-//! flags (one parser for every program) and one progress-bar style.
+//! flags (one parser for every program), one progress-bar style, and the timing of the
+//! library crates' `tracing` spans for `--profile-*` flags ([`spans::SpanTimes`]).
+
+pub mod spans;
 
 use candle_core::{bail, DType, Device, Result};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -10,6 +10,7 @@
 use mxattn::attention::AttentionConfig;
 
 pub mod fidelity;
+pub mod generate;
 pub mod pipeline;
 pub mod profile;
 pub mod schedule;

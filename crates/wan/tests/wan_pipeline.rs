@@ -265,3 +265,85 @@ fn tiny_pipeline_streams_a_playable_mp4() {
         (o.width, o.height)
     );
 }
+
+/// `generate` is the pipeline's steps joined: its latents equal encode → seeded initial
+/// latents → denoise run by hand, its frames equal `decode`'s, and it reports the plan, the
+/// text encoding, every step and every frame chunk, in that order.
+#[test]
+fn generate_runs_the_pipeline_and_reports_in_order() {
+    use mxattn_video::RgbFrames;
+    use mxattn_wan::generate::{Event, Request};
+    let e = expected();
+    let pipe = load();
+    let o = options(&e);
+    let schedule = ScheduleSpec::parse("hybrid").unwrap();
+    let req = Request {
+        options: o.clone(),
+        schedule: schedule.clone(),
+        decode: true,
+    };
+    let mut log: Vec<String> = Vec::new();
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    let g = pipe
+        .generate(&req, |ev| {
+            log.push(match ev {
+                Event::Planned(p) => format!("plan {}", p.switch_step),
+                Event::TextEncoded { .. } => "text".into(),
+                Event::Step(s) => format!("step {} expert {}", s.step, s.expert),
+                Event::Frames(f) => {
+                    frames.extend(f.frames.iter().cloned());
+                    "frames".into()
+                }
+            });
+            Ok(())
+        })
+        .unwrap();
+    // by hand
+    let resolved = schedule
+        .resolve(o.steps, pipe.experts[0].config().num_layers)
+        .unwrap();
+    let (cond, uncond) = pipe.encode_prompts(&o).unwrap();
+    let init = pipe.initial_latents(&o).unwrap();
+    let want = pipe
+        .denoise(&o, init, &cond, uncond.as_ref(), &resolved, |_, _| Ok(()))
+        .unwrap();
+    assert_eq!(max_abs_diff(&g.latents, &want), 0.0);
+    let mut want_frames = Vec::new();
+    pipe.decode(&want, &resolved, |t| {
+        want_frames.extend(RgbFrames::from_tensor(&t)?.frames);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(frames, want_frames);
+    assert_eq!(frames.len(), o.frames);
+    // the event order
+    let switch = g.plan.switch_step;
+    let mut expect = vec![format!("plan {switch}"), "text".to_string()];
+    for s in 0..o.steps {
+        expect.push(format!("step {s} expert {}", usize::from(s >= switch)));
+    }
+    let chunks = log.len() - expect.len();
+    assert_eq!(
+        chunks, g.plan.latent_dims.2,
+        "one frame chunk per latent frame"
+    );
+    expect.extend(std::iter::repeat_n("frames".to_string(), chunks));
+    assert_eq!(log, expect);
+    assert_eq!(g.steps.len(), o.steps);
+    assert!(g.decode.is_some() && g.frames_hash.is_some());
+    // without decoding: no frames, the same latents
+    let g2 = pipe
+        .generate(
+            &Request {
+                decode: false,
+                ..req
+            },
+            |ev| match ev {
+                Event::Frames(_) => panic!("no decode was asked for"),
+                _ => Ok(()),
+            },
+        )
+        .unwrap();
+    assert_eq!(g2.latents_hash, g.latents_hash);
+    assert!(g2.decode.is_none() && g2.frames_hash.is_none());
+}
