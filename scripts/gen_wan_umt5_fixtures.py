@@ -51,6 +51,8 @@ from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from safetensors.torch import save_file
 from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
+from gen_wan_clean_cases import cases as clean_cases  # noqa: E402
+
 OUT = os.path.join("crates", "wan", "tests", "fixtures", "wan", "umt5")
 MAX_LEN = 16
 
@@ -75,18 +77,6 @@ PROMPTS = [
     # short: padded
     "A cat, 色调艳丽！",
 ]
-
-# Inputs for the Rust cleaner: whitespace runs, html entities, curly quotes, full-width forms,
-# ligatures. (ftfy's mojibake repair and NFC are not ported; see the Rust docs.)
-CLEAN_CASES = [
-    "  a   b\t\nc  ",
-    "Tom &amp; Jerry &lt;3 &quot;x&quot; &#39;y&#39; &#x41;&#66; &amp;amp;",
-    "\u201cquoted\u201d and \u2018single\u2019",
-    "ｆｕｌｌ　ｗｉｄｔｈ！（１２３）",
-    "\ufb01ne \ufb02ow",
-    NEG,
-]
-
 
 def make_tokenizer(tmp: str) -> T5Tokenizer:
     model = io.BytesIO()
@@ -219,7 +209,7 @@ def main() -> None:
         "cleaned": cleaned,
         "negative_prompt": NEG,
         "negative_cleaned": prompt_clean(NEG),
-        "clean_cases": [[c, prompt_clean(c)] for c in CLEAN_CASES],
+        "clean_cases": clean_cases(NEG),
         "seq_lens": mask.sum(1).tolist(),
         "mean_abs_hidden": float(hidden.abs().mean()),
     }

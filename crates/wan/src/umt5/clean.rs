@@ -4,12 +4,13 @@
 //!
 //! Of ftfy's default fixes this ports the ones that change clean UTF-8 text: HTML entities
 //! (while a line has no `<`, repeated until nothing changes), Latin ligatures, full- and
-//! half-width forms (the Wan negative prompt's `，` becomes `,`), curly quotes, line breaks and
-//! control characters. Not ported: mojibake repair (`fix_encoding`, `fix_c1_controls`),
-//! terminal escapes, and the final NFC normalization; prompts that need them (mis-decoded
-//! text, decomposed accents) may tokenize differently from diffusers. The HTML decoder knows
-//! numeric references and the common named entities (`amp lt gt quot apos nbsp`), not the
-//! whole HTML5 table.
+//! half-width forms (the Wan negative prompt's `，` becomes `,`), curly quotes, line breaks,
+//! control characters, and NFC normalization. Not ported: mojibake repair (`fix_encoding`,
+//! `fix_c1_controls`) and terminal escapes; mis-decoded text may tokenize differently from
+//! diffusers. Entities come from the whole HTML5 table and NFC from the Unicode tables,
+//! through well-kept crates (`htmlize`, `unicode-normalization`), not copies of them.
+
+use unicode_normalization::UnicodeNormalization;
 
 /// ftfy's `fix_character_width` table: (first, last, replacement of first), consecutive.
 const WIDTH_RUNS: [(u32, u32, u32); 73] = [
@@ -144,7 +145,7 @@ fn push_fixed_char(out: &mut String, c: char) {
 /// One pass of the ported ftfy fixers over one line.
 fn fix_pass(s: &str, unescape: bool) -> String {
     let s = if unescape {
-        unescape_entities(s, true)
+        unescape_entities(s)
     } else {
         s.to_string()
     };
@@ -153,37 +154,44 @@ fn fix_pass(s: &str, unescape: bool) -> String {
     for c in s.chars() {
         push_fixed_char(&mut out, c);
     }
-    out
+    // ftfy ends each pass with its `normalization` (NFC)
+    out.nfc().collect()
 }
 
-fn named_entity(name: &str) -> Option<char> {
-    Some(match name {
-        "amp" | "AMP" => '&',
-        "lt" | "LT" => '<',
-        "gt" | "GT" => '>',
-        "quot" | "QUOT" => '"',
-        "apos" => '\'',
-        "nbsp" => '\u{a0}',
-        _ => return None,
-    })
-}
-
-fn numeric_entity(body: &str) -> Option<char> {
-    let v = if let Some(h) = body.strip_prefix('x').or_else(|| body.strip_prefix('X')) {
-        u32::from_str_radix(h, 16).ok()?
-    } else {
-        body.parse::<u32>().ok()?
+/// `&name;` decoded as ftfy's entity table has it: every HTML5 name that ends in `;`, plus
+/// the all-uppercase spelling of a lowercase name that is not an entity itself, standing
+/// for the uppercased text (`&EACUTE;` → `É`).
+fn named_entity(name: &str) -> Option<String> {
+    // The attribute context decodes only a whole `&name;` here: a legacy prefix such as
+    // `&amp` followed by more letters is left alone, as in ftfy's table lookup.
+    let decode = |n: &str| {
+        let e = format!("&{n};");
+        let d = htmlize::unescape_attribute(e.as_str());
+        (d != e).then(|| d.into_owned())
     };
-    // as Python's html.unescape for the invalid ones it does not remap
-    Some(match v {
-        0 | 0xd800..=0xdfff => '\u{fffd}',
-        v => char::from_u32(v).unwrap_or('\u{fffd}'),
-    })
+    if let Some(d) = decode(name) {
+        return Some(d);
+    }
+    let upper_only = name.chars().any(|c| c.is_ascii_uppercase())
+        && !name.chars().any(|c| c.is_ascii_lowercase());
+    if upper_only {
+        return decode(&name.to_ascii_lowercase()).map(|d| d.to_uppercase());
+    }
+    None
 }
 
-/// Decodes `&name;`, `&#N;` and `&#xH;` (entities without `;` are left alone).
-/// `ftfy_style` limits names to ASCII alphanumerics of at most 24 characters, as ftfy's regex.
-fn unescape_entities(s: &str, ftfy_style: bool) -> String {
+/// `&#N;` / `&#xH;` decoded as Python's `html.unescape` does (the HTML5 rules: NUL,
+/// surrogates and values past U+10FFFF become U+FFFD, 0x80–0x9F the Windows-1252 characters).
+fn numeric_entity(body: &str) -> Option<String> {
+    let e = format!("&#{body};");
+    let d = htmlize::unescape(e.as_str());
+    // ftfy keeps the reference when the decoder did not take all of it
+    (d != e && !d.contains(';')).then(|| d.into_owned())
+}
+
+/// ftfy's `unescape_html`: each `&#?[0-9A-Za-z]{1,24};` that is an entity is decoded
+/// (references without `;` are left alone).
+fn unescape_entities(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('&') {
@@ -191,25 +199,23 @@ fn unescape_entities(s: &str, ftfy_style: bool) -> String {
         let tail = &rest[i..];
         let decoded = tail[1..].find(';').and_then(|j| {
             let body = &tail[1..1 + j];
-            if body.is_empty() || (ftfy_style && body.len() > 25) {
+            let name = body.strip_prefix('#').unwrap_or(body);
+            if name.is_empty()
+                || name.len() > 24
+                || !name.chars().all(|c| c.is_ascii_alphanumeric())
+            {
                 return None;
             }
-            let c = if let Some(num) = body.strip_prefix('#') {
-                if !num.chars().all(|c| c.is_ascii_alphanumeric()) {
-                    return None;
-                }
-                numeric_entity(num)?
+            let text = if body.starts_with('#') {
+                numeric_entity(name)?
             } else {
-                if !body.chars().all(|c| c.is_ascii_alphanumeric()) {
-                    return None;
-                }
-                named_entity(body)?
+                named_entity(name)?
             };
-            Some((c, j + 2))
+            Some((text, j + 2))
         });
         match decoded {
-            Some((c, n)) => {
-                out.push(c);
+            Some((text, n)) => {
+                out.push_str(&text);
                 rest = &tail[n..];
             }
             None => {
@@ -249,10 +255,11 @@ fn is_py_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
-/// diffusers' `prompt_clean`: [`fix_text`], HTML-unescape twice, collapse whitespace, strip.
+/// diffusers' `prompt_clean`: [`fix_text`], HTML-unescape twice (Python's `html.unescape`:
+/// the HTML5 rules, legacy references without `;` included), collapse whitespace, strip.
 pub fn prompt_clean(text: &str) -> String {
     let s = fix_text(text);
-    let s = unescape_entities(&unescape_entities(&s, false), false);
+    let s = htmlize::unescape(htmlize::unescape(s.as_str()).into_owned()).into_owned();
     s.split(is_py_space)
         .filter(|w| !w.is_empty())
         .collect::<Vec<_>>()
