@@ -3,8 +3,9 @@
 //!
 //! * nvcc comes from `NVCC`, else `CUDA_HOME/bin`, else `PATH` (scripts/setup_cuda.sh sets
 //!   up a toolkit from NVIDIA's pip wheels where there is none).
-//! * The GPU architectures come from `CUDA_COMPUTE_CAP` (as candle reads it: `90`, or several
-//!   at once, `80,89,90a`), else from the GPU `nvidia-smi` reports, else 90a (H100/H200).
+//! * The GPU architectures come from `MXATTN_CUDA_ARCHS` (several at once: `80,89,90a`), else
+//!   from `CUDA_COMPUTE_CAP` (candle's variable, one value: `90`), else from the GPU
+//!   `nvidia-smi` reports, else 90a (H100/H200).
 //!   Each gets its machine code; the newest also gets PTX, so a newer GPU can JIT it. `90`
 //!   means `90a`, the Hopper variant with wgmma. The wgmma kernel exists only in sm_90a code
 //!   and is chosen at run time only there; every other GPU runs the `mma.sync` and portable
@@ -71,9 +72,8 @@ fn parse_arch(tok: &str) -> Result<Arch, String> {
 }
 
 fn archs() -> Vec<Arch> {
-    let from_env = env::var("CUDA_COMPUTE_CAP")
-        .ok()
-        .filter(|s| !s.trim().is_empty());
+    let var = |k: &str| env::var(k).ok().filter(|s| !s.trim().is_empty());
+    let from_env = var("MXATTN_CUDA_ARCHS").or_else(|| var("CUDA_COMPUTE_CAP"));
     let detected = || {
         let out = Command::new("nvidia-smi")
             .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
@@ -89,13 +89,15 @@ fn archs() -> Vec<Arch> {
     let mut v: Vec<Arch> = list
         .split(|c: char| c == ',' || c == ';' || c.is_whitespace())
         .filter(|t| !t.is_empty())
-        .map(|t| parse_arch(t).unwrap_or_else(|e| panic!("CUDA_COMPUTE_CAP: {e}")))
+        .map(|t| {
+            parse_arch(t).unwrap_or_else(|e| panic!("MXATTN_CUDA_ARCHS / CUDA_COMPUTE_CAP: {e}"))
+        })
         .collect();
     v.sort();
     v.dedup();
     assert!(
         !v.is_empty(),
-        "CUDA_COMPUTE_CAP {list:?} names no architecture"
+        "MXATTN_CUDA_ARCHS / CUDA_COMPUTE_CAP {list:?} names no architecture"
     );
     v
 }
@@ -183,6 +185,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=MXATTN_CUDA_ARCHS");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }

@@ -150,3 +150,67 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         .max(0)?
         .to_scalar::<f32>()
 }
+
+/// The unit roundoff of an element format: half an ulp relative to the value, 2^−(m+1) for m
+/// mantissa bits.
+pub fn unit_roundoff(e: crate::mx::ElemFormat) -> f64 {
+    2f64.powi(-(e.mbits() as i32 + 1))
+}
+
+/// The relative rounding an attention config allows, summed over what it rounds: Q and K
+/// (twice the Q/K format's unit roundoff: a score is a product of both), V and P. An MX
+/// block may also clip its largest element under the OCP floor scale (up to 25 % for E2M1,
+/// within E2M1's own 2^−2). Fused-Softmax's P is an E4M3 code of a piecewise-linear 2^x
+/// (relative error up to 6.2 %, the maximum of (1 + f)/2^f − 1, on top of E4M3's rounding);
+/// EFQ's P an E2M1 code. A first-order bound of the relative change of the attention output:
+/// tests bound a model's relative output change by it.
+pub fn rounding_budget(cfg: &crate::attention::AttentionConfig) -> f64 {
+    use crate::attention::{Algorithm, OperandFormat, ProbFormat};
+    use crate::mx::ElemFormat;
+    let bf16 = 2f64.powi(-8);
+    let op = |f: OperandFormat| match f {
+        OperandFormat::Native => 0.0,
+        OperandFormat::Bf16 => bf16,
+        OperandFormat::Mx { elem, .. } | OperandFormat::PerChannel { elem } => unit_roundoff(elem),
+    };
+    let p = match (&cfg.algorithm, cfg.p_format) {
+        (Algorithm::FusedSoftmax(_), _) => unit_roundoff(ElemFormat::E4M3) + 0.0615,
+        (Algorithm::Efq(_), _) => unit_roundoff(ElemFormat::E2M1),
+        (_, ProbFormat::F32) => 0.0,
+        (_, ProbFormat::Mx { elem, .. } | ProbFormat::Fp8 { elem }) => unit_roundoff(elem),
+    };
+    2.0 * op(cfg.qk_format) + op(cfg.v_format) + p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::{AttentionConfig, OperandFormat, ProbFormat};
+    use crate::mx::ElemFormat::*;
+
+    #[test]
+    fn rounding_budgets_follow_the_formats() {
+        assert_eq!(unit_roundoff(E4M3), 1.0 / 16.0);
+        assert_eq!(unit_roundoff(E3M2), 1.0 / 8.0);
+        assert_eq!(unit_roundoff(E2M1), 1.0 / 4.0);
+        assert_eq!(rounding_budget(&AttentionConfig::exact()), 0.0);
+        let bf16 = AttentionConfig::exact().with_formats(
+            OperandFormat::Bf16,
+            OperandFormat::Bf16,
+            ProbFormat::F32,
+        );
+        assert_eq!(rounding_budget(&bf16), 3.0 / 256.0);
+        let mx4 = AttentionConfig::exp_then_quantize(
+            OperandFormat::mx(E2M1),
+            OperandFormat::mx(E2M1),
+            ProbFormat::mx(E2M1),
+        );
+        assert_eq!(rounding_budget(&mx4), 1.0);
+        let fp8_p = AttentionConfig::exp_then_quantize(
+            OperandFormat::mx(E4M3),
+            OperandFormat::fp8_per_channel(),
+            ProbFormat::Fp8 { elem: E4M3 },
+        );
+        assert_eq!(rounding_budget(&fp8_p), 4.0 / 16.0);
+    }
+}

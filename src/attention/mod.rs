@@ -78,7 +78,7 @@ pub enum GpuPath {
 
 /// Whether the Hopper wgmma kernel can run on `device` in this build: a CUDA device of
 /// compute capability 9.0 (H100, H200) and a build that includes sm_90a code (build.rs,
-/// `CUDA_COMPUTE_CAP`). Elsewhere the calls it would take run on the `mma.sync` kernel, and
+/// `MXATTN_CUDA_ARCHS`). Elsewhere the calls it would take run on the `mma.sync` kernel, and
 /// [`AttentionStats::gpu_kernel`] says so. False on the CPU and in builds without `cuda`.
 pub fn wgmma_available(device: &candle_core::Device) -> bool {
     #[cfg(feature = "cuda")]

@@ -192,6 +192,34 @@ fn schedules_see_every_site_and_quantized_runs_stay_finite() {
         d > 1e-5,
         "the quantized schedule must differ from exact ({d:e})"
     );
+    // bounded by what the formats allow: each step's prediction moves by at most the
+    // rounding budget of the coarsest config the schedule runs (mxattn::oracle), and since
+    // the flow sigmas fall from 1 to 0 the steps' moves add up to at most one prediction's
+    let fin = &e.tensors["latents_final"];
+    let rel = ((&q - fin)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        / fin
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap())
+    .sqrt() as f64;
+    let budget = ["fused-mxfp6", "fused-mxfp4"]
+        .iter()
+        .map(|n| {
+            mxattn::oracle::rounding_budget(&mxattn_wan::schedule::attention_config(n).unwrap())
+        })
+        .fold(0f64, f64::max);
+    println!("hybrid-fused: relative change of the final latents {rel:.3e}, budget {budget:.3e}");
+    assert!(rel <= budget, "{rel:.3e} > {budget:.3e}");
 }
 
 #[test]

@@ -285,7 +285,30 @@ fn quantized_policy_runs_and_sees_every_site() {
             d > 1e-6,
             "quantized attention gave the exact result: was it used?"
         );
-        assert!(d < 0.5 * mean_abs(&c.out) + 0.5, "{d}");
+        // bounded by what the formats allow (mxattn::oracle::rounding_budget): attention
+        // adds into the residual stream, so its relative change bounds the block output's
+        let rel = ((&out - &c.out)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            / c.out
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap())
+        .sqrt() as f64;
+        let budget = mxattn::oracle::rounding_budget(&cfg);
+        println!("{name}: relative change {rel:.3e}, budget {budget:.3e}");
+        assert!(
+            rel <= budget,
+            "{name}: relative change {rel:.3e} > budget {budget:.3e}"
+        );
         let sites = rec.sites();
         assert_eq!(sites.len(), 4, "{sites:?}");
         let got: BTreeSet<(usize, usize, usize, bool)> = sites
