@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Builds the CUDA test and benchmark binaries here (no GPU needed) and packs them,
 # stripped and xz-compressed, into .gpu/ (git-ignored) for the device tool's `carry`.
+#   MXATTN_CUDA_ARCHS   mxattn's kernel architectures (default: 90a, what the H200 runs)
+#   BUNDLE_SM80=1       also .gpu/gpu_sm80: the GPU tests with mxattn's kernels built for
+#                       compute capability 8.0 only (no wgmma), run on the H200 through the
+#                       PTX JIT by scripts/gpu_check.sh
+#   BUNDLE_OLD=REV      also .gpu/bench_gpu_old: bench_gpu of git revision REV, for a
+#                       same-run comparison with this build (scripts/gpu_compare_bench.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f .venv-cuda/env.sh ] || scripts/setup_cuda.sh
@@ -8,16 +14,30 @@ cd "$(dirname "$0")/.."
 source .venv-cuda/env.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 mkdir -p .gpu
-bin=$(cargo test --release --features cuda --test gpu --no-run --message-format=json 2>/dev/null \
-  | python3 -c "import sys, json
+# The path of the `gpu` test binary a `cargo test --no-run` builds.
+gpu_test_bin() {
+  cargo test --release --features cuda --test gpu --no-run --message-format=json 2>/dev/null \
+    | python3 -c "import sys, json
 for l in sys.stdin:
     m = json.loads(l)
     if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'gpu':
-        print(m['executable'])")
-cp "$bin" .gpu/gpu
+        print(m['executable'])"
+}
+packed=()
+cp "$(gpu_test_bin)" .gpu/gpu; packed+=(.gpu/gpu)
 cargo build --release --features cuda --example bench_gpu --example qwen3 --example wan22 --example wan_transformer --bin wan_fidelity
-for e in bench_gpu qwen3 wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; done
-cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity
-strip .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_transformer .gpu/wan_fidelity
-xz -T2 -6 -f .gpu/gpu .gpu/bench_gpu .gpu/qwen3 .gpu/wan22 .gpu/wan_transformer .gpu/wan_fidelity
+for e in bench_gpu qwen3 wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
+cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity; packed+=(.gpu/wan_fidelity)
+if [ "${BUNDLE_SM80:-0}" = 1 ]; then
+  cp "$(MXATTN_CUDA_ARCHS=80 gpu_test_bin)" .gpu/gpu_sm80; packed+=(.gpu/gpu_sm80)
+fi
+if [ -n "${BUNDLE_OLD:-}" ]; then
+  old=$(mktemp -d)
+  git worktree add -f "$old" "$BUNDLE_OLD" >/dev/null
+  ( cd "$old" && cargo build --release --features cuda --example bench_gpu )
+  cp "$CARGO_TARGET_DIR/release/examples/bench_gpu" .gpu/bench_gpu_old; packed+=(.gpu/bench_gpu_old)
+  git worktree remove --force "$old"
+fi
+strip "${packed[@]}"
+xz -T2 -6 -f "${packed[@]}"
 ls -la .gpu

@@ -363,3 +363,23 @@ fn bad_input_is_a_clear_error() {
     let qb = (t(&[1, 4, 8, 64]) + 1e30).unwrap();
     assert!(err_of(&qb, &big, &v, &ex).contains("overflow"));
 }
+
+/// On the CPU every call checks its inputs as it runs, deferred or not, and there is
+/// nothing to gather.
+#[test]
+fn deferred_checks_on_the_cpu_still_fail_the_call() {
+    use mxattn::attention::{attention_ext, check_device, DeviceChecks, RunOptions};
+    let mut q = vec![0.5f32; 2 * 4 * 32];
+    q[7] = f32::INFINITY;
+    let q = Tensor::from_vec(q, (1, 2, 4, 32), &Device::Cpu).unwrap();
+    let k = Tensor::ones((1, 2, 4, 32), DType::F32, &Device::Cpu).unwrap();
+    let opts = RunOptions {
+        checks: DeviceChecks::Deferred,
+        ..Default::default()
+    };
+    let e = attention_ext(&q, &k, &k, &AttentionConfig::exact(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("non-finite") || e.contains("Inf"), "{e}");
+    assert_eq!(check_device(&Device::Cpu).unwrap(), Default::default());
+}

@@ -536,6 +536,67 @@ fn gpu_reports_bad_input() {
     assert!(e.contains("32 keys"), "{e}");
 }
 
+/// Deferred checks (`DeviceChecks::Deferred`): no read-back per call, the same outputs bit
+/// for bit, and `check_device` gathers what the per-call reads give: the calls, the sum of
+/// their Fused-Softmax rollbacks (the max-stair inputs force some), and a non-finite input
+/// as an error of the check (which then resets).
+#[test]
+fn deferred_checks_gather_what_per_call_checks_report() {
+    use mxattn::attention::{check_device, DeviceChecks};
+    let Some(dev) = gpu() else { return };
+    let s = Shape::new(1, 2, 2, 64, 700, 128);
+    let inp = synth::make(Distribution::MaxStair, s, 3).unwrap();
+    let (q, k, v) = (
+        inp.q.to_device(&dev).unwrap(),
+        inp.k.to_device(&dev).unwrap(),
+        inp.v.to_device(&dev).unwrap(),
+    );
+    let cfg = AttentionConfig::fused_softmax(
+        ElemFormat::E4M3,
+        OperandFormat::mx(ElemFormat::E4M3),
+        FusedSoftmaxConfig::default(),
+    );
+    check_device(&dev).unwrap(); // start from a clean slate
+    for path in [GpuPath::Auto, GpuPath::Simple] {
+        let run = |checks| {
+            let opts = RunOptions {
+                gpu_path: path,
+                checks,
+                ..Default::default()
+            };
+            attention_ext(&q, &k, &v, &cfg, &opts).unwrap()
+        };
+        let per_call = run(DeviceChecks::PerCall);
+        assert!(
+            per_call.stats.rollbacks > 0,
+            "{path:?}: max-stair must roll back"
+        );
+        let (a, b) = (run(DeviceChecks::Deferred), run(DeviceChecks::Deferred));
+        let bits = |t: &Tensor| -> Vec<u32> { vec_f32(t).iter().map(|x| x.to_bits()).collect() };
+        assert!(bits(&a.out) == bits(&per_call.out) && bits(&b.out) == bits(&per_call.out));
+        assert_eq!((a.stats.rollbacks, b.stats.rollbacks), (0, 0));
+        let r = check_device(&dev).unwrap();
+        assert_eq!(r.calls, 2, "{path:?}");
+        assert_eq!(r.rollbacks, 2 * per_call.stats.rollbacks, "{path:?}");
+        assert_eq!(check_device(&dev).unwrap().calls, 0, "a check resets");
+    }
+    // a NaN in q: the call returns, the check errs and resets
+    let mut qv = vec_f32(&inp.q);
+    qv[5] = f32::NAN;
+    let qn = Tensor::from_vec(qv, (1, 2, 64, 128), &Device::Cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let opts = RunOptions {
+        checks: DeviceChecks::Deferred,
+        ..Default::default()
+    };
+    attention_ext(&qn, &k, &v, &AttentionConfig::exact(), &opts).unwrap();
+    let e = check_device(&dev).unwrap_err().to_string();
+    assert!(e.contains("non-finite") && e.contains("deferred"), "{e}");
+    assert_eq!(check_device(&dev).unwrap(), Default::default());
+}
+
 /// A few configurations on a tiny shape: the target of compute-sanitizer's memcheck and
 /// racecheck runs (scripts/gpu_check.sh).
 #[test]

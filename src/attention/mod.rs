@@ -97,6 +97,44 @@ pub struct RunOptions {
     pub gpu_path: GpuPath,
     /// Also return the log-sum-exp.
     pub lse: bool,
+    /// When a CUDA call's checks are read (the CPU checks every call as it runs).
+    pub checks: DeviceChecks,
+}
+
+/// When a CUDA call's on-device checks (a non-finite q, k or v, a score that overflows f32)
+/// and its rollback count reach the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChecks {
+    /// Read at the end of the call, so an error belongs to the call that caused it: one
+    /// host synchronization per call (a model's stream stalls there).
+    #[default]
+    PerCall,
+    /// Left on the device and gathered per device, with no synchronization on the call
+    /// path; [`check_device`] reads them (and errs if any call since the last check had
+    /// bad input). The call's own [`AttentionStats::rollbacks`] reads 0; the total comes
+    /// with the check. Calls on the CPU are checked as they run.
+    Deferred,
+}
+
+/// What the calls with [`DeviceChecks::Deferred`] on a device found since the last check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeferredReport {
+    /// Calls gathered.
+    pub calls: u64,
+    /// Their Fused-Softmax rollbacks, summed.
+    pub rollbacks: u64,
+}
+
+/// Reads (one synchronization) and resets the gathered checks of `device`'s deferred calls:
+/// an error if any of them had a non-finite input or an overflowing score, else their
+/// counts. Nothing to read on the CPU (its calls check as they run).
+pub fn check_device(device: &candle_core::Device) -> Result<DeferredReport> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = device {
+        return crate::cuda::attention::check_deferred(d);
+    }
+    let _ = device;
+    Ok(DeferredReport::default())
 }
 
 /// Counters of one call.
@@ -213,6 +251,7 @@ pub fn attention_ext(
         with_lse: opts.lse,
         cpu_path: opts.cpu_path,
         gpu_path: opts.gpu_path,
+        deferred: opts.checks == DeviceChecks::Deferred,
         stats: stats.clone(),
     };
     let raw = q

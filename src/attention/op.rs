@@ -27,6 +27,9 @@ pub(crate) struct AttentionOp {
     pub cpu_path: CpuPath,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub gpu_path: super::GpuPath,
+    /// CUDA: leave the checks on the device ([`super::DeviceChecks::Deferred`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub deferred: bool,
     pub stats: Arc<OpStats>,
 }
 

@@ -290,8 +290,31 @@ pub(crate) fn cuda_fwd(
     } else {
         1
     })?;
-    let mut bad = dev.alloc_zeros::<i32>(1)?;
-    let mut rollbacks = dev.alloc_zeros::<u64>(1)?;
+    // The check flags and rollback counter the kernels OR and add into: fresh ones read at
+    // the end of the call, or the device's gathered ones for deferred checks.
+    let mut fresh;
+    let mut gathered;
+    let (bad, rollbacks): (&mut CudaSlice<i32>, &mut CudaSlice<u64>) = if op.deferred {
+        gathered = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match gathered.iter().position(|g| g.device == dev.id()) {
+            Some(i) => i,
+            None => {
+                gathered.push(Gathered {
+                    device: dev.id(),
+                    bad: dev.alloc_zeros::<i32>(1)?,
+                    rollbacks: dev.alloc_zeros::<u64>(1)?,
+                    calls: 0,
+                });
+                gathered.len() - 1
+            }
+        };
+        let g = &mut gathered[i];
+        g.calls += 1;
+        (&mut g.bad, &mut g.rollbacks)
+    } else {
+        fresh = (dev.alloc_zeros::<i32>(1)?, dev.alloc_zeros::<u64>(1)?);
+        (&mut fresh.0, &mut fresh.1)
+    };
     let raw = stream.cu_stream() as ffi::Stream;
     {
         let (qp_p, _a) = qp.device_ptr_mut(&stream);
@@ -388,7 +411,7 @@ pub(crate) fn cuda_fwd(
             (&dev, &stream, raw),
             [q_src, k_src, v_src],
             want_unscaled.then_some(&vs),
-            &mut bad,
+            bad,
         )?)
     } else {
         None
@@ -477,25 +500,14 @@ pub(crate) fn cuda_fwd(
         (false, 1) => launch!(half::bf16, BF16),
         _ => launch!(half::f16, F16),
     };
-    let flags = stream.clone_dtoh(&bad).map_err(candle_core::Error::wrap)?[0];
-    if flags & 1 != 0 {
-        bail!("attention: q or k holds a non-finite value (NaN or Inf)");
+    if !op.deferred {
+        let flags = stream.clone_dtoh(&*bad).map_err(candle_core::Error::wrap)?[0];
+        check_flags(flags, "attention")?;
+        let rb = stream
+            .clone_dtoh(&*rollbacks)
+            .map_err(candle_core::Error::wrap)?[0];
+        op.stats.rollbacks.fetch_add(rb, Ordering::Relaxed);
     }
-    if flags & 2 != 0 {
-        bail!("attention: v holds a non-finite value (NaN or Inf)");
-    }
-    if flags & 4 != 0 {
-        bail!("attention: a score overflows f32");
-    }
-    if flags & 8 != 0 {
-        bail!(
-            "attention: internal error: the wgmma kernel's shared memory is not 1024-byte aligned"
-        );
-    }
-    let rb = stream
-        .clone_dtoh(&rollbacks)
-        .map_err(candle_core::Error::wrap)?[0];
-    op.stats.rollbacks.fetch_add(rb, Ordering::Relaxed);
     let kernel = if wgmma_kind != 0 {
         GpuKernel::Wgmma {
             direct_qk,
@@ -513,6 +525,64 @@ pub(crate) fn cuda_fwd(
         Shape::from((p.b, p.hq, p.sq, p.d))
     };
     Ok((CudaStorage { slice, device: dev }, shape))
+}
+
+/// The errors the kernels' check flags stand for.
+fn check_flags(flags: i32, what: &str) -> Result<()> {
+    if flags & 1 != 0 {
+        bail!("{what}: q or k holds a non-finite value (NaN or Inf)");
+    }
+    if flags & 2 != 0 {
+        bail!("{what}: v holds a non-finite value (NaN or Inf)");
+    }
+    if flags & 4 != 0 {
+        bail!("{what}: a score overflows f32");
+    }
+    if flags & 8 != 0 {
+        bail!("{what}: internal error: the wgmma kernel's shared memory is not 1024-byte aligned");
+    }
+    Ok(())
+}
+
+/// The check flags and rollbacks of one device's deferred calls since the last check.
+struct Gathered {
+    device: candle_core::cuda_backend::DeviceId,
+    bad: CudaSlice<i32>,
+    rollbacks: CudaSlice<u64>,
+    calls: u64,
+}
+
+static DEFERRED: std::sync::Mutex<Vec<Gathered>> = std::sync::Mutex::new(Vec::new());
+
+/// [`crate::attention::check_device`] on CUDA: reads (a synchronization of the device's
+/// stream) and resets the gathered flags and counters.
+pub(crate) fn check_deferred(
+    dev: &candle_core::cuda_backend::CudaDevice,
+) -> Result<crate::attention::DeferredReport> {
+    let mut gathered = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(g) = gathered.iter_mut().find(|g| g.device == dev.id()) else {
+        return Ok(Default::default());
+    };
+    let stream = dev.cuda_stream();
+    let flags = stream
+        .clone_dtoh(&g.bad)
+        .map_err(candle_core::Error::wrap)?[0];
+    let rollbacks = stream
+        .clone_dtoh(&g.rollbacks)
+        .map_err(candle_core::Error::wrap)?[0];
+    let calls = g.calls;
+    stream
+        .memset_zeros(&mut g.bad)
+        .map_err(candle_core::Error::wrap)?;
+    stream
+        .memset_zeros(&mut g.rollbacks)
+        .map_err(candle_core::Error::wrap)?;
+    g.calls = 0;
+    check_flags(
+        flags,
+        &format!("attention (one of the {calls} calls with deferred checks since the last check)"),
+    )?;
+    Ok(crate::attention::DeferredReport { calls, rollbacks })
 }
 
 /// Operands of the wgmma kernel: Q and K rows padded to its tiles, Vᵀ, and their scales.

@@ -10,7 +10,7 @@ use crate::profile::stage;
 use crate::{AttnKind, AttnPolicy, AttnSite};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
-use mxattn::attention::{attention, AttentionConfig};
+use mxattn::attention::{attention_ext, AttentionConfig, DeviceChecks, RunOptions};
 use mxattn::fused::{
     ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
 };
@@ -247,8 +247,14 @@ fn attend(
         "self-attention"
     };
     let dev = q.device();
+    // The op's checks stay on the device (no synchronization per call): the transformer's
+    // forward reads them once at its end (`WanTransformer::forward`).
+    let opts = RunOptions {
+        checks: DeviceChecks::Deferred,
+        ..Default::default()
+    };
     stage(dev, name, || {
-        super::super::profile::timed(dev, || attention(q, k, v, cfg))
+        super::super::profile::timed(dev, || Ok(attention_ext(q, k, v, cfg, &opts)?.out))
     })
 }
 

@@ -370,7 +370,9 @@ impl WanTransformer {
 
     /// The predicted flow `[b, c_out, F, H, W]` (model dtype) of `latents [b, c_in, F, H, W]`
     /// at `timestep` (`[b]` or `[b, tokens]`; a leading 1 broadcasts) given `text [b, L,
-    /// text_dim]`; `expert` and `step` only label the attention call sites.
+    /// text_dim]`; `expert` and `step` only label the attention call sites. On CUDA the
+    /// attention calls' input checks are read once, at the end (a non-finite value in any
+    /// of them is an error of the forward).
     pub fn forward(
         &self,
         latents: &Tensor,
@@ -422,6 +424,10 @@ impl WanTransformer {
         } else {
             self.norm_out.modulate(&x, &shift, &scale, self.dtype)?
         };
-        self.unpatchify(&self.proj_out.forward(&x)?, grid)
+        let out = self.unpatchify(&self.proj_out.forward(&x)?, grid)?;
+        // the attention calls' deferred checks (non-finite inputs, overflow): one
+        // synchronization per forward instead of one per call
+        mxattn::attention::check_device(&self.device)?;
+        Ok(out)
     }
 }
