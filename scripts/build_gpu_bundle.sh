@@ -5,8 +5,9 @@
 #   BUNDLE_SM80=1       also .gpu/gpu_sm80: the GPU tests with mxattn's kernels built for
 #                       compute capability 8.0 only (no wgmma), run on the H200 through the
 #                       PTX JIT by scripts/gpu_check.sh
-#   BUNDLE_OLD=REV      also .gpu/bench_gpu_old: bench_gpu of git revision REV, for a
-#                       same-run comparison with this build (scripts/gpu_compare_bench.sh)
+#   BUNDLE_OLD=REV      also .gpu/bench_gpu_old and .gpu/wan_transformer_old: those programs
+#                       at git revision REV, for a same-run comparison with this build
+#                       (scripts/gpu_compare_bench.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f .venv-cuda/env.sh ] || scripts/setup_cuda.sh
@@ -34,8 +35,10 @@ fi
 if [ -n "${BUNDLE_OLD:-}" ]; then
   old=$(mktemp -d)
   git worktree add -f "$old" "$BUNDLE_OLD" >/dev/null
-  ( cd "$old" && cargo build --release --features cuda --example bench_gpu )
-  cp "$CARGO_TARGET_DIR/release/examples/bench_gpu" .gpu/bench_gpu_old; packed+=(.gpu/bench_gpu_old)
+  ( cd "$old" && cargo build --release --features cuda --example bench_gpu --example wan_transformer )
+  for e in bench_gpu wan_transformer; do
+    cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/${e}_old"; packed+=(".gpu/${e}_old")
+  done
   git worktree remove --force "$old"
 fi
 strip "${packed[@]}"

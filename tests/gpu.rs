@@ -266,6 +266,7 @@ fn compare(
                         cpu_path: CpuPath::Tiled,
                         gpu_path: path,
                         lse: true,
+                        ..Default::default()
                     };
                     let c = attention_ext(&inp.q, &inp.k, &inp.v, &cfg, &opts).unwrap();
                     let g = attention_ext(&qg, &kg, &vg, &cfg, &opts).unwrap();

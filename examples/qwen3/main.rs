@@ -1,6 +1,6 @@
 //! Qwen3 text generation with mxattn's quantized attention.
 //!
-//!     cargo run --release --example qwen3 -- --model-dir DIR --prompt "Why is the sky blue?"
+//!     cargo run --release --example qwen3 -- --model Qwen/Qwen3-0.6B --prompt "Why is the sky blue?"
 //!     cargo run --release --example qwen3 -- --model-dir DIR --attn-schedule hybrid --no-think
 //!     cargo run --release --example qwen3 -- --random-weights --model Qwen/Qwen3-8B \
 //!         --device cuda --dtype bf16 --prompt-len 4096 --max-tokens 128 --ignore-eos --attn mxfp4
@@ -9,7 +9,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use mxattn_cli::DeviceArgs;
+use mxattn_cli::{DeviceArgs, ModelArgs};
+
+/// The model `--model` names when it is not given.
+const DEFAULT_MODEL: &str = "Qwen/Qwen3-8B";
 use mxattn_qwen3::chat::{self, Message, Role, SpecialTokens, TextStream};
 use mxattn_qwen3::generation::{generate, Sampler, SamplingParams};
 use mxattn_qwen3::loading::{self, ModelSource};
@@ -25,30 +28,19 @@ use std::path::PathBuf;
     long_about = "Qwen3 generation with quantized (MX) attention: every layer's attention goes through \
 mxattn::attention with the config of --attn or --attn-schedule, and its KV cache stores K/V in that \
 layer's format (bf16, or MX codes + E8M0 scales). Prints the streamed answer, then prefill and decode \
-tokens/s and the KV-cache size."
+tokens/s and the KV-cache size.\n\n\
+Weights: --model OWNER/NAME through the Hugging Face cache (default Qwen/Qwen3-8B), or --model-dir \
+DIR holding config.json, tokenizer.json and model.safetensors (or shards with \
+model.safetensors.index.json), or --random-weights for the architecture of --config, of \
+--model-dir's config.json, or the built-in config of --model."
 )]
 struct Args {
-    /// Hugging Face model id, used through the Hub cache when built with `--features hub`,
-    /// or for the built-in config of --random-weights.
-    #[arg(long, default_value = "Qwen/Qwen3-8B")]
-    model: String,
-    /// Hub revision (with --model).
-    #[arg(long)]
-    revision: Option<String>,
-    /// Local checkpoint: config.json, tokenizer.json, model.safetensors or shards with
-    /// model.safetensors.index.json.
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Random weights for the architecture of --config, of --model-dir's config.json, or the
-    /// built-in config of --model (for speed measurements without a checkpoint).
-    #[arg(long)]
-    random_weights: bool,
-    /// config.json for --random-weights.
+    #[command(flatten)]
+    src: ModelArgs,
+    /// config.json for --random-weights (else --model-dir's, else the built-in config of
+    /// --model).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Seed of the random weights.
-    #[arg(long, default_value_t = 0)]
-    weights_seed: u64,
     /// tokenizer.json (default: the checkpoint's).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
@@ -135,22 +127,22 @@ fn run(a: Args) -> Result<()> {
         Some(s) => ScheduleSpec::parse(s)?,
         None => ScheduleSpec::uniform(&a.attn)?,
     };
-    let source = if a.random_weights {
-        let config = match (&a.config, &a.model_dir) {
+    let source = if a.src.random_weights {
+        let config = match (&a.config, &a.src.model_dir) {
             (Some(c), _) => Config::from_file(c)?,
             (None, Some(d)) => Config::from_file(d.join("config.json"))?,
-            (None, None) => Config::preset(&a.model)?,
+            (None, None) => Config::preset(a.src.model_or(DEFAULT_MODEL))?,
         };
         ModelSource::Random {
             config: Box::new(config),
-            seed: a.weights_seed,
+            seed: a.src.weights_seed,
         }
-    } else if let Some(d) = &a.model_dir {
+    } else if let Some(d) = &a.src.model_dir {
         ModelSource::Dir(d.clone())
     } else {
         ModelSource::Hub {
-            repo: a.model.clone(),
-            revision: a.revision.clone(),
+            repo: a.src.model_or(DEFAULT_MODEL).to_string(),
+            revision: a.src.revision.clone(),
         }
     };
     println!(
@@ -183,7 +175,7 @@ fn run(a: Args) -> Result<()> {
         .tokenizer
         .clone()
         .or(opened.tokenizer)
-        .or_else(|| a.model_dir.as_ref().map(|d| d.join("tokenizer.json")))
+        .or_else(|| a.src.model_dir.as_ref().map(|d| d.join("tokenizer.json")))
         .filter(|p| p.is_file());
     let tokenizer = match &tok_path {
         Some(p) => Some(chat::load_tokenizer(p)?),
@@ -326,6 +318,8 @@ fn source_name(s: &ModelSource, a: &Args) -> String {
     match s {
         ModelSource::Dir(d) => d.display().to_string(),
         ModelSource::Hub { repo, .. } => repo.clone(),
-        ModelSource::Random { .. } => format!("random weights for {}", a.model),
+        ModelSource::Random { .. } => {
+            format!("random weights for {}", a.src.model_or(DEFAULT_MODEL))
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Wan2.2 text-to-video with mxattn's quantized attention.
 //!
-//!     cargo run --release --features cuda,hub --example wan22 -- --device cuda \
+//!     cargo run --release --features cuda --example wan22 -- \
 //!         --prompt "A red fox running through fresh snow" --attn-schedule hybrid -o fox.mp4
 //!     cargo run --release --example wan22 -- --model-dir DIR --size 832x480 --steps 30 -o out.mp4
 //!     cargo run --release --features cuda --example wan22 -- --random-weights --variant a14b \
@@ -11,7 +11,10 @@
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mxattn_cli::spans::SpanTimes;
-use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs};
+use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs, ModelArgs};
+
+/// The repository `--model` names when it is not given.
+const DEFAULT_MODEL: &str = "Wan-AI/Wan2.2-T2V-A14B-Diffusers";
 use mxattn_video as video;
 use mxattn_video::{GifWriter, Mp4Writer};
 use mxattn_wan::generate::{Event, Request};
@@ -33,28 +36,18 @@ use std::time::Instant;
 classifier-free guidance, and the causal 3-D VAE, writing an H.264 .mp4 (or .gif, or PNG frames). \
 Every attention call (self, cross, VAE mid) goes through mxattn::attention with the config the \
 attention schedule picks for its (expert, step, layer, kind). Defaults follow the original \
-release: 40 steps, shift 12, guidance 4.0/3.0 for A14B; 50 steps, shift 5, guidance 5 for 5B."
+release: 40 steps, shift 12, guidance 4.0/3.0 for A14B; 50 steps, shift 5, guidance 5 for 5B.\n\n\
+Weights: --model OWNER/NAME through the Hugging Face cache (diffusers layout; default \
+Wan-AI/Wan2.2-T2V-A14B-Diffusers), or --model-dir DIR holding model_index.json, tokenizer/, \
+text_encoder/, transformer/ (+ transformer_2/), vae/ and scheduler/, or --random-weights with \
+the released architecture of --variant (speed runs)."
 )]
 struct Args {
-    /// Hub repository (diffusers layout), used with `--features hub`.
-    #[arg(long, default_value = "Wan-AI/Wan2.2-T2V-A14B-Diffusers")]
-    model: String,
-    /// Hub revision (with --model).
-    #[arg(long)]
-    revision: Option<String>,
-    /// Local diffusers-layout directory: model_index.json, tokenizer/, text_encoder/,
-    /// transformer/ (+ transformer_2/), vae/, scheduler/.
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Random weights with the released architecture of --variant (speed runs).
-    #[arg(long)]
-    random_weights: bool,
+    #[command(flatten)]
+    src: ModelArgs,
     /// t2v-a14b or ti2v-5b (default: from --model's name).
     #[arg(long)]
     variant: Option<String>,
-    /// Seed of the random weights.
-    #[arg(long, default_value_t = 0)]
-    weights_seed: u64,
     /// With --random-weights: length of the pseudo-random prompt (tokens).
     #[arg(long, default_value_t = 64)]
     prompt_tokens: usize,
@@ -154,7 +147,14 @@ fn run(a: Args) -> Result<()> {
     let vae_dtype = dtype_or_default(a.vae_dtype.as_deref(), &device)?;
     let variant: WanVariant = match &a.variant {
         Some(v) => v.parse()?,
-        None if a.model.to_ascii_lowercase().contains("5b") => WanVariant::Ti2v5b,
+        None if a
+            .src
+            .model_or(DEFAULT_MODEL)
+            .to_ascii_lowercase()
+            .contains("5b") =>
+        {
+            WanVariant::Ti2v5b
+        }
         None => WanVariant::T2vA14b,
     };
     let sampler = SamplerKind::parse(&a.sampler)?;
@@ -164,20 +164,20 @@ fn run(a: Args) -> Result<()> {
     };
 
     let t_load = Instant::now();
-    let mut pipe = if a.random_weights {
+    let mut pipe = if a.src.random_weights {
         println!("building {variant} with random weights on {device:?} in {dtype:?} …");
         WanPipeline::random(
             variant,
             dtype,
             vae_dtype,
             &device,
-            a.weights_seed,
+            a.src.weights_seed,
             a.prompt_tokens,
         )?
     } else {
-        let dir = match &a.model_dir {
+        let dir = match &a.src.model_dir {
             Some(d) => d.clone(),
-            None => hub_dir(&a.model, a.revision.as_deref())?,
+            None => hub_dir(a.src.model_or(DEFAULT_MODEL), a.src.revision.as_deref())?,
         };
         println!("loading {} on {device:?} in {dtype:?} …", dir.display());
         WanPipeline::load(&dir, dtype, vae_dtype, &device)
@@ -387,7 +387,7 @@ fn run(a: Args) -> Result<()> {
     let latents_hash = format!("{:016x}", gen.latents_hash);
     if let Some(p) = &a.json {
         let report = serde_json::json!({
-            "variant": variant.to_string(), "random_weights": a.random_weights,
+            "variant": variant.to_string(), "random_weights": a.src.random_weights,
             "width": width, "height": height, "frames": opts.frames, "steps": opts.steps,
             "latents": [dims.0, dims.1, dims.2, dims.3, dims.4],
             "attention": schedule.text(), "dtype": format!("{dtype:?}"),

@@ -351,3 +351,66 @@ pub fn fetch_component(
         }),
     }
 }
+
+/// Builds a model from checked `files` in `dtype` on `device`: `build` gets a `VarBuilder`
+/// over them, and its error names `what` and the config it came from.
+pub fn build_from<M>(
+    files: &ComponentFiles,
+    what: &str,
+    dtype: DType,
+    device: &Device,
+    build: impl FnOnce(VarBuilder<'static>) -> Result<M>,
+) -> Result<M> {
+    let vb = files.var_builder(dtype, device)?;
+    build(vb).map_err(|e| {
+        msg(format!(
+            "building {what} from {}: {e}",
+            files.config.display()
+        ))
+    })
+}
+
+/// How one tensor of a random-weight model is filled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    Ones,
+    Zeros,
+    /// N(0, std²).
+    Normal(f64),
+}
+
+/// A `VarBuilder` over random weights, for speed runs without a checkpoint: each
+/// `(name, shape)` of `tensors` filled as `init(name, shape)` says, in the dtype it names.
+/// Normal values come from [`mxattn::synth::Rng`] seeded with `seed` on the CPU (drawn in
+/// `tensors` order, so a seed gives the same model every run) and from the device's own
+/// generator, seeded with `seed`, elsewhere (fast for large models).
+pub fn random_var_builder(
+    tensors: impl IntoIterator<Item = (String, Vec<usize>)>,
+    init: impl Fn(&str, &[usize]) -> (Init, DType),
+    dtype: DType,
+    device: &Device,
+    seed: u64,
+) -> Result<VarBuilder<'static>> {
+    let mut rng = mxattn::synth::Rng::new(seed);
+    if !device.is_cpu() {
+        device.set_seed(seed)?;
+    }
+    let mut out = HashMap::new();
+    for (name, shape) in tensors {
+        let s = shape.as_slice();
+        let (how, dt) = init(&name, s);
+        let t = match how {
+            Init::Ones => candle_core::Tensor::ones(s, dt, device)?,
+            Init::Zeros => candle_core::Tensor::zeros(s, dt, device)?,
+            Init::Normal(std) if device.is_cpu() => {
+                let n = s.iter().product();
+                candle_core::Tensor::from_vec(rng.normals(n, std), s, device)?.to_dtype(dt)?
+            }
+            Init::Normal(std) => {
+                candle_core::Tensor::randn(0f32, std as f32, s, device)?.to_dtype(dt)?
+            }
+        };
+        out.insert(name, t);
+    }
+    Ok(VarBuilder::from_tensors(out, dtype, device))
+}

@@ -40,6 +40,35 @@ impl DeviceArgs {
     }
 }
 
+/// Where a program's weights come from: `--model`, `--revision`, `--model-dir`,
+/// `--random-weights`, `--weights-seed`, for `#[command(flatten)]` in a clap parser.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ModelArgs {
+    /// Hugging Face Hub repository id, fetched through the local cache first (default: the
+    /// program's; see its --help). With --random-weights: the architecture to build.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Hub revision (with --model).
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// A local checkpoint directory instead of the Hub (its layout: the program's --help).
+    #[arg(long)]
+    pub model_dir: Option<std::path::PathBuf>,
+    /// Random weights with the model's architecture, for speed runs without a checkpoint.
+    #[arg(long)]
+    pub random_weights: bool,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 0)]
+    pub weights_seed: u64,
+}
+
+impl ModelArgs {
+    /// `--model`, else the program's `default`.
+    pub fn model_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.model.as_deref().unwrap_or(default)
+    }
+}
+
 /// The first GPU when this build has CUDA and one is present, else the CPU (a build with
 /// CUDA on a machine without a GPU says so on stderr and runs on the CPU).
 pub fn default_device() -> Device {

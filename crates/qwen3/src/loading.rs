@@ -10,15 +10,9 @@
 use super::config::Config;
 use super::model::Qwen3;
 use super::schedule::Schedule;
-use candle_core::{DType, Device, Result, Tensor};
-use candle_nn::VarBuilder;
-use mxattn_checkpoint::{ComponentFiles, TensorScan};
-use std::collections::HashMap;
+use candle_core::{DType, Device, Result};
+use mxattn_checkpoint::{build_from, random_var_builder, ComponentFiles, Init, TensorScan};
 use std::path::{Path, PathBuf};
-
-fn msg(s: String) -> candle_core::Error {
-    candle_core::Error::Msg(s)
-}
 
 /// The files of one checkpoint: the weights (a [`ComponentFiles`]) and the tokenizer.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,18 +104,8 @@ pub fn load(
     device: &Device,
 ) -> Result<Qwen3> {
     check_checkpoint(cfg, files)?;
-    let vb = files.component.var_builder(dtype, device)?;
-    Qwen3::new(cfg, schedule, vb).map_err(|e| {
-        msg(format!(
-            "building Qwen3 from {}: {e}",
-            files
-                .component
-                .weights
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+    build_from(&files.component, "Qwen3", dtype, device, |vb| {
+        Qwen3::new(cfg, schedule, vb)
     })
 }
 
@@ -138,26 +122,17 @@ pub fn random(
     device: &Device,
     seed: u64,
 ) -> Result<Qwen3> {
-    let mut rng = mxattn::synth::Rng::new(seed);
-    if !device.is_cpu() {
-        device.set_seed(seed)?;
-    }
-    let mut tensors = HashMap::new();
-    for (name, shape) in expected_tensors(cfg) {
-        let s = shape.as_slice();
-        let t = if name.ends_with("norm.weight") {
-            Tensor::ones(s, dtype, device)?
+    let init = |name: &str, _: &[usize]| {
+        let how = if name.ends_with("norm.weight") {
+            Init::Ones
         } else if name.ends_with(".bias") {
-            Tensor::zeros(s, dtype, device)?
-        } else if device.is_cpu() {
-            let n = s.iter().product();
-            Tensor::from_vec(rng.normals(n, 0.02), s, device)?.to_dtype(dtype)?
+            Init::Zeros
         } else {
-            Tensor::randn(0f32, 0.02, s, device)?.to_dtype(dtype)?
+            Init::Normal(0.02)
         };
-        tensors.insert(name, t);
-    }
-    let vb = VarBuilder::from_tensors(tensors, dtype, device);
+        (how, dtype)
+    };
+    let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
     Qwen3::new(cfg, schedule, vb)
 }
 

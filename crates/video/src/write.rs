@@ -16,6 +16,26 @@ fn err(path: &Path, what: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("{}: {what}", path.display()))
 }
 
+/// `frames` as RGB8, which must be `size` (a writer's width and height).
+fn frames_of_size(
+    frames: &Tensor,
+    path: &Path,
+    size: (usize, usize),
+    what: &str,
+) -> Result<RgbFrames> {
+    let f = RgbFrames::from_tensor(frames)?;
+    if (f.width, f.height) != size {
+        return Err(err(
+            path,
+            format!(
+                "frames are {}x{}, the {what} {}x{}",
+                f.width, f.height, size.0, size.1
+            ),
+        ));
+    }
+    Ok(f)
+}
+
 fn check_fps(fps: f64) -> Result<()> {
     if !(fps.is_finite() && fps > 0.0 && fps <= 1000.0) {
         bail!("video: fps must be a number in (0, 1000], got {fps}");
@@ -209,16 +229,7 @@ impl Mp4Writer {
     /// Encodes `[3, t, H, W]` (or `[1, 3, t, H, W]`) float frames in [-1, 1], or `[t, H, W, 3]`
     /// u8 frames.
     pub fn push_tensor(&mut self, frames: &Tensor) -> Result<()> {
-        let f = RgbFrames::from_tensor(frames)?;
-        if (f.width, f.height) != (self.width, self.height) {
-            return Err(err(
-                &self.path,
-                format!(
-                    "frames are {}x{}, the video {}x{}",
-                    f.width, f.height, self.width, self.height
-                ),
-            ));
-        }
+        let f = frames_of_size(frames, &self.path, (self.width, self.height), "video")?;
         f.frames.iter().try_for_each(|rgb| self.push_rgb(rgb))
     }
 
@@ -317,17 +328,9 @@ impl GifWriter {
         Ok(())
     }
 
+    /// As [`Mp4Writer::push_tensor`].
     pub fn push_tensor(&mut self, frames: &Tensor) -> Result<()> {
-        let f = RgbFrames::from_tensor(frames)?;
-        if (f.width, f.height) != (self.width, self.height) {
-            return Err(err(
-                &self.path,
-                format!(
-                    "frames are {}x{}, the GIF {}x{}",
-                    f.width, f.height, self.width, self.height
-                ),
-            ));
-        }
+        let f = frames_of_size(frames, &self.path, (self.width, self.height), "GIF")?;
         f.frames.iter().try_for_each(|rgb| self.push_rgb(rgb))
     }
 

@@ -196,22 +196,7 @@ fn schedules_see_every_site_and_quantized_runs_stay_finite() {
     // rounding budget of the coarsest config the schedule runs (mxattn::oracle), and since
     // the flow sigmas fall from 1 to 0 the steps' moves add up to at most one prediction's
     let fin = &e.tensors["latents_final"];
-    let rel = ((&q - fin)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        / fin
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap())
-    .sqrt() as f64;
+    let rel = mxattn_wan::fidelity::rel_l2(&q, fin).unwrap();
     let budget = ["fused-mxfp6", "fused-mxfp4"]
         .iter()
         .map(|n| {

@@ -287,22 +287,7 @@ fn quantized_policy_runs_and_sees_every_site() {
         );
         // bounded by what the formats allow (mxattn::oracle::rounding_budget): attention
         // adds into the residual stream, so its relative change bounds the block output's
-        let rel = ((&out - &c.out)
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-            / c.out
-                .sqr()
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap())
-        .sqrt() as f64;
+        let rel = mxattn_wan::fidelity::rel_l2(&out, &c.out).unwrap();
         let budget = mxattn::oracle::rounding_budget(&cfg);
         println!("{name}: relative change {rel:.3e}, budget {budget:.3e}");
         assert!(

@@ -53,7 +53,7 @@ use crate::AttnPolicy;
 use block::{linear, LnParams};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
-use std::collections::HashMap;
+use mxattn_checkpoint::{build_from, random_var_builder, Init};
 use std::path::Path;
 
 /// The RoPE tables of one latent grid `(f, h, w)`, shared by the clones of a transformer.
@@ -167,16 +167,10 @@ impl WanTransformer {
     pub fn from_files(files: &TransformerFiles, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = TransformerConfig::from_file(&files.config)?;
         let layout = check_files(&cfg, files)?;
-        let vb = files.var_builder(dtype, device)?;
-        let vb = match layout {
-            Layout::Diffusers => vb,
-            Layout::Original => vb.rename_f(original_name),
-        };
-        Self::new(&cfg, vb).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "building the Wan transformer from {} ({layout:?} layout): {e}",
-                files.config.display()
-            ))
+        let what = format!("the Wan transformer ({layout:?} layout)");
+        build_from(files, &what, dtype, device, |vb| match layout {
+            Layout::Diffusers => Self::new(&cfg, vb),
+            Layout::Original => Self::new(&cfg, vb.rename_f(original_name)),
         })
     }
 
@@ -190,42 +184,29 @@ impl WanTransformer {
         seed: u64,
     ) -> Result<Self> {
         cfg.validate().map_err(candle_core::Error::Msg)?;
-        let mut rng = mxattn::synth::Rng::new(seed);
-        if !device.is_cpu() {
-            device.set_seed(seed)?;
-        }
         let dim = cfg.dim();
-        let mut tensors = HashMap::new();
-        for (name, shape) in expected_tensors(cfg) {
-            let s = shape.as_slice();
-            let dt = if loading::keeps_f32(&name) {
+        let init = |name: &str, s: &[usize]| {
+            let dt = if loading::keeps_f32(name) {
                 DType::F32
             } else {
                 dtype
             };
-            let t = if name.ends_with(".bias") {
-                Tensor::zeros(s, dt, device)?
+            let how = if name.ends_with(".bias") {
+                Init::Zeros
             } else if name.ends_with("norm_q.weight")
                 || name.ends_with("norm_k.weight")
                 || name.ends_with("norm2.weight")
             {
-                Tensor::ones(s, dt, device)?
+                Init::Ones
+            } else if name.ends_with("scale_shift_table") {
+                Init::Normal(1.0 / (dim as f64).sqrt())
             } else {
-                let std = if name.ends_with("scale_shift_table") {
-                    1.0 / (dim as f64).sqrt()
-                } else {
-                    1.0 / (s[1..].iter().product::<usize>() as f64).sqrt()
-                };
-                if device.is_cpu() {
-                    let n = s.iter().product();
-                    Tensor::from_vec(rng.normals(n, std), s, device)?.to_dtype(dt)?
-                } else {
-                    Tensor::randn(0f32, std as f32, s, device)?.to_dtype(dt)?
-                }
+                Init::Normal(1.0 / (s[1..].iter().product::<usize>() as f64).sqrt())
             };
-            tensors.insert(name, t);
-        }
-        Self::new(cfg, VarBuilder::from_tensors(tensors, dtype, device))
+            (how, dt)
+        };
+        let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
+        Self::new(cfg, vb)
     }
 
     /// Runs the blocks with Candle's op-by-op elementwise chain (`false`) instead of the fused

@@ -35,9 +35,8 @@ pub use text::{
     trim_and_pad, TextEncoder, Tokens, DEFAULT_MAX_SEQUENCE_LENGTH, WAN_NEGATIVE_PROMPT,
 };
 
-use candle_core::{DType, Device, Result, Tensor};
-use candle_nn::VarBuilder;
-use std::collections::HashMap;
+use candle_core::{DType, Device, Result};
+use mxattn_checkpoint::{build_from, random_var_builder, Init};
 use std::path::Path;
 
 impl Umt5Encoder {
@@ -51,12 +50,8 @@ impl Umt5Encoder {
     pub fn from_files(files: &Umt5Files, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = Umt5Config::from_file(&files.config)?;
         check_files(&cfg, files)?;
-        let vb = files.var_builder(dtype, device)?;
-        Self::new(&cfg, vb).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "building the UMT5 encoder from {}: {e}",
-                files.config.display()
-            ))
+        build_from(files, "the UMT5 encoder", dtype, device, |vb| {
+            Self::new(&cfg, vb)
         })
     }
 
@@ -66,21 +61,15 @@ impl Umt5Encoder {
     /// runs. On the CPU from [`mxattn::synth::Rng`], elsewhere from the device's generator.
     pub fn random(cfg: &Umt5Config, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
         cfg.validate().map_err(candle_core::Error::Msg)?;
-        let mut rng = mxattn::synth::Rng::new(seed);
-        if !device.is_cpu() {
-            device.set_seed(seed)?;
-        }
         let (d, kv, inner, ff) = (
             cfg.d_model as f64,
             cfg.d_kv as f64,
             cfg.inner_dim() as f64,
             cfg.d_ff as f64,
         );
-        let mut tensors = HashMap::new();
-        for (name, shape) in expected_tensors(cfg) {
-            let s = shape.as_slice();
-            let t = if name.ends_with("layer_norm.weight") {
-                Tensor::ones(s, dtype, device)?
+        let init = |name: &str, _: &[usize]| {
+            let how = if name.ends_with("layer_norm.weight") {
+                Init::Ones
             } else {
                 let var = if name == model::EMBED_KEYS[0] {
                     1.0
@@ -93,16 +82,11 @@ impl Umt5Encoder {
                 } else {
                     1.0 / d
                 };
-                let std = var.sqrt();
-                if device.is_cpu() {
-                    let n = s.iter().product();
-                    Tensor::from_vec(rng.normals(n, std), s, device)?.to_dtype(dtype)?
-                } else {
-                    Tensor::randn(0f32, std as f32, s, device)?.to_dtype(dtype)?
-                }
+                Init::Normal(f64::sqrt(var))
             };
-            tensors.insert(name, t);
-        }
-        Self::new(cfg, VarBuilder::from_tensors(tensors, dtype, device))
+            (how, dtype)
+        };
+        let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
+        Self::new(cfg, vb)
     }
 }

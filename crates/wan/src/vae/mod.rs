@@ -41,7 +41,7 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use conv::{CausalConv3d, FeatCache};
 use decoder::Decoder3d;
-use std::collections::HashMap;
+use mxattn_checkpoint::{build_from, random_var_builder, Init};
 use std::path::Path;
 
 /// What one decode did, for memory reports.
@@ -163,12 +163,8 @@ impl WanVae {
     pub fn from_files(files: &VaeFiles, dtype: DType, device: &Device) -> Result<Self> {
         let cfg = VaeConfig::from_file(&files.config)?;
         check_files(&cfg, files)?;
-        let vb = files.var_builder(dtype, device)?;
-        Self::new(&cfg, vb).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "building the VAE decoder from {}: {e}",
-                files.config.display()
-            ))
+        build_from(files, "the VAE decoder", dtype, device, |vb| {
+            Self::new(&cfg, vb)
         })
     }
 
@@ -176,30 +172,18 @@ impl WanVae {
     /// biases 0. On the CPU from [`mxattn::synth::Rng`], elsewhere from the device's generator.
     pub fn random(cfg: &VaeConfig, dtype: DType, device: &Device, seed: u64) -> Result<Self> {
         cfg.validate().map_err(candle_core::Error::Msg)?;
-        let mut rng = mxattn::synth::Rng::new(seed);
-        if !device.is_cpu() {
-            device.set_seed(seed)?;
-        }
-        let mut tensors = HashMap::new();
-        for (name, shape) in expected_tensors(cfg) {
-            let s = shape.as_slice();
-            let t = if name.ends_with(".gamma") {
-                Tensor::ones(s, dtype, device)?
+        let init = |name: &str, s: &[usize]| {
+            let how = if name.ends_with(".gamma") {
+                Init::Ones
             } else if name.ends_with(".bias") {
-                Tensor::zeros(s, dtype, device)?
+                Init::Zeros
             } else {
-                let fan_in: usize = s[1..].iter().product();
-                let std = 1.0 / (fan_in as f64).sqrt();
-                if device.is_cpu() {
-                    let n = s.iter().product();
-                    Tensor::from_vec(rng.normals(n, std), s, device)?.to_dtype(dtype)?
-                } else {
-                    Tensor::randn(0f32, std as f32, s, device)?.to_dtype(dtype)?
-                }
+                Init::Normal(1.0 / (s[1..].iter().product::<usize>() as f64).sqrt())
             };
-            tensors.insert(name, t);
-        }
-        Self::new(cfg, VarBuilder::from_tensors(tensors, dtype, device))
+            (how, dtype)
+        };
+        let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
+        Self::new(cfg, vb)
     }
 
     pub fn config(&self) -> &VaeConfig {
