@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 [ -f .venv-cuda/env.sh ] || scripts/setup_cuda.sh
 # shellcheck disable=SC1091
 source .venv-cuda/env.sh
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
+CARGO_TARGET_DIR=$(realpath -m "${CARGO_TARGET_DIR:-target/cuda}")
+export CARGO_TARGET_DIR
 mkdir -p .gpu
 # The path of the `gpu` test binary a `cargo test --no-run` builds.
 gpu_test_bin() {
