@@ -8,7 +8,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SHAPES=${COMPARE_SHAPES:-"1,40,40,75600,128;1,32,8,4096,128,causal;4,32,32,8192,128"}
 ARGS=(--shapes "$SHAPES" --iters "${COMPARE_ITERS:-3}" --warmup 1 --exclude "${COMPARE_EXCLUDE:-mma.sync,EFQ}" --decode "${COMPARE_DECODE:-32768}")
-for round in 1 2; do
+# COMPARE_WHAT: bench, wan or both (default), for device calls that carry only some binaries
+WHAT=${COMPARE_WHAT:-both}
+[ "$WHAT" = wan ] || for round in 1 2; do
   for which in old new; do
     bin=./.gpu/bench_gpu; [ "$which" = old ] && bin=./.gpu/bench_gpu_old
     echo "== round $round: $which"
@@ -19,6 +21,7 @@ for round in 1 2; do
 done
 # The Wan transformer (2 A14B blocks at 720p, exact and Fused-Softmax MXFP8): the model-level
 # path (fused ops, the attention calls, the deferred checks) against the older build.
+[ "$WHAT" = bench ] && { rm -f "$OUT/run.txt"; exit 0; }
 WT=(--device cuda --model t2v-a14b --layers 2 --grid 21x90x160 --attn "${COMPARE_WAN_ATTN:-exact,fused-mxfp8}" --reps 3)
 for round in 1 2; do
   for which in old new; do
