@@ -14,10 +14,10 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use mxattn_cli::{progress_bar, DeviceArgs};
+use mxattn_cli::{progress_bar, DeviceArgs, VideoArgs};
 use mxattn_video::RgbFrames;
 use mxattn_wan::fidelity::{cosine, rel_l2, VideoFidelity};
-use mxattn_wan::pipeline::{GenerateOptions, WanPipeline};
+use mxattn_wan::pipeline::{GenerateOptions, Settings, WanPipeline};
 use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
 use mxattn_wan::scheduler::SamplerKind;
 use mxattn_wan::sizes::{parse_size, WanVariant};
@@ -47,24 +47,10 @@ struct Args {
         default_value = "A red fox trotting through fresh snow in a pine forest, morning light."
     )]
     prompt: String,
-    /// WIDTHxHEIGHT (default: the variant's smallest released size).
-    #[arg(long)]
-    size: Option<String>,
-    /// Accept any size the latent grid allows (tiny models).
-    #[arg(long)]
-    any_size: bool,
-    #[arg(long, default_value_t = 17)]
-    frames: usize,
-    #[arg(long, default_value_t = 20)]
-    steps: usize,
-    #[arg(long)]
-    guidance: Option<f64>,
-    #[arg(long)]
-    guidance_2: Option<f64>,
-    #[arg(long)]
-    shift: Option<f64>,
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
+    /// --size (default: the variant's smallest released size), --frames (default 17),
+    /// --steps (default 20), --guidance, --guidance-2, --shift, --sampler, --seed.
+    #[command(flatten)]
+    video: VideoArgs,
     /// The reference schedule.
     #[arg(long, default_value = "exact")]
     reference: String,
@@ -122,24 +108,28 @@ fn main() -> Result<()> {
         _ => bail!("give exactly one of --model-dir DIR and --random-weights"),
     };
     let variant = pipe.variant();
-    let d = variant.sampler_defaults();
-    let (width, height) = match &a.size {
-        Some(s) => parse_size(s, variant, a.any_size)?,
+    let size = match &a.video.size {
+        Some(t) => parse_size(t, variant, a.video.any_size)?,
         None => *variant.sizes().iter().min_by_key(|(w, h)| w * h).unwrap(),
     };
-    let opts = GenerateOptions {
-        prompt: a.prompt.clone(),
-        negative_prompt: WAN_NEGATIVE_PROMPT.to_string(),
-        width,
-        height,
-        frames: a.frames,
-        steps: a.steps,
-        guidance_high: a.guidance.unwrap_or(d.guidance_high),
-        guidance_low: a.guidance_2.or(a.guidance).unwrap_or(d.guidance_low),
-        shift: Some(a.shift.unwrap_or(d.shift)),
-        sampler: SamplerKind::UniPc,
-        seed: a.seed,
+    let settings = Settings {
+        size: Some(size),
+        frames: Some(a.video.frames.unwrap_or(17)),
+        steps: Some(a.video.steps.unwrap_or(20)),
+        guidance: a.video.guidance,
+        guidance_2: a.video.guidance_2,
+        shift: a.video.shift,
     };
+    let sampler = SamplerKind::parse(&a.video.sampler)?;
+    let opts = GenerateOptions::for_variant(
+        variant,
+        &a.prompt,
+        WAN_NEGATIVE_PROMPT,
+        &settings,
+        sampler,
+        a.video.seed,
+    );
+    let (width, height) = size;
     let layers = pipe.experts[0].config().num_layers;
     let names: Vec<String> = if a.schedules.is_empty() {
         DEFAULT_SCHEDULES.iter().map(|s| s.to_string()).collect()

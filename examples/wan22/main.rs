@@ -11,14 +11,14 @@
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mxattn_cli::spans::SpanTimes;
-use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs, ModelArgs};
+use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs, ModelArgs, VideoArgs};
 
 /// The repository `--model` names when it is not given.
 const DEFAULT_MODEL: &str = "Wan-AI/Wan2.2-T2V-A14B-Diffusers";
 use mxattn_video as video;
 use mxattn_video::{GifWriter, Mp4Writer};
 use mxattn_wan::generate::{Event, Request};
-use mxattn_wan::pipeline::{GenerateOptions, WanPipeline};
+use mxattn_wan::pipeline::{GenerateOptions, Settings, WanPipeline};
 use mxattn_wan::profile;
 use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
 use mxattn_wan::scheduler::SamplerKind;
@@ -60,33 +60,10 @@ struct Args {
     /// Default: the original release's negative prompt.
     #[arg(long)]
     negative_prompt: Option<String>,
-    /// WIDTHxHEIGHT; A14B: 1280x720, 720x1280, 832x480, 480x832; 5B: 1280x704, 704x1280.
-    #[arg(long)]
-    size: Option<String>,
-    /// Accept any size the latent grid allows (tiny test models).
-    #[arg(long)]
-    any_size: bool,
-    /// Frames, 4k+1 (default 81 for A14B, 121 for 5B).
-    #[arg(long)]
-    frames: Option<usize>,
-    /// Denoising steps (default 40 A14B, 50 5B).
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Guidance of the high-noise expert (5B: the only one).
-    #[arg(long)]
-    guidance: Option<f64>,
-    /// Guidance of the low-noise expert (A14B).
-    #[arg(long)]
-    guidance_2: Option<f64>,
-    /// Flow shift (default: the original release's, 12 for A14B and 5 for 5B; diffusers'
-    /// configs ship 3.0 and 5.0).
-    #[arg(long)]
-    shift: Option<f64>,
-    /// unipc or euler.
-    #[arg(long, default_value = "unipc")]
-    sampler: String,
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
+    /// --size, --frames (default 81 for A14B, 121 for 5B), --steps (default 40 A14B, 50 5B),
+    /// --guidance, --guidance-2, --shift, --sampler, --seed.
+    #[command(flatten)]
+    video: VideoArgs,
 
     /// One attention config everywhere (names below).
     #[arg(long, default_value = "exact")]
@@ -157,7 +134,7 @@ fn run(a: Args) -> Result<()> {
         }
         None => WanVariant::T2vA14b,
     };
-    let sampler = SamplerKind::parse(&a.sampler)?;
+    let sampler = SamplerKind::parse(&a.video.sampler)?;
     let spec = match &a.attn_schedule {
         Some(s) => ScheduleSpec::parse(s)?,
         None => ScheduleSpec::uniform(&a.attn)?,
@@ -190,28 +167,29 @@ fn run(a: Args) -> Result<()> {
         pipe.experts.len(),
         t_load.elapsed().as_secs_f64()
     );
-    let d = variant.sampler_defaults();
-    let (width, height) = match &a.size {
-        Some(s) => parse_size(s, variant, a.any_size)?,
-        None => variant.default_size(),
+    let settings = Settings {
+        size: a
+            .video
+            .size
+            .as_deref()
+            .map(|t| parse_size(t, variant, a.video.any_size))
+            .transpose()?,
+        frames: a.video.frames,
+        steps: a.video.steps,
+        guidance: a.video.guidance,
+        guidance_2: a.video.guidance_2,
+        shift: a.video.shift,
     };
-    let guidance_high = a.guidance.unwrap_or(d.guidance_high);
-    let opts = GenerateOptions {
-        prompt: a.prompt.clone(),
-        negative_prompt: a
-            .negative_prompt
-            .clone()
-            .unwrap_or_else(|| WAN_NEGATIVE_PROMPT.to_string()),
-        width,
-        height,
-        frames: a.frames.unwrap_or(variant.default_frames()),
-        steps: a.steps.unwrap_or(d.steps),
-        guidance_high,
-        guidance_low: a.guidance_2.or(a.guidance).unwrap_or(d.guidance_low),
-        shift: Some(a.shift.unwrap_or(d.shift)),
+    let negative = a.negative_prompt.as_deref().unwrap_or(WAN_NEGATIVE_PROMPT);
+    let opts = GenerateOptions::for_variant(
+        variant,
+        &a.prompt,
+        negative,
+        &settings,
         sampler,
-        seed: a.seed,
-    };
+        a.video.seed,
+    );
+    let (width, height) = (opts.width, opts.height);
     let req = Request {
         options: opts,
         schedule: spec,
@@ -276,7 +254,7 @@ fn run(a: Args) -> Result<()> {
                     opts.shift.unwrap_or_default(),
                     opts.guidance_high,
                     opts.guidance_low,
-                    a.sampler,
+                    a.video.sampler,
                     opts.seed
                 );
                 if pipe.experts.len() == 2 {

@@ -69,6 +69,41 @@ impl ModelArgs {
     }
 }
 
+/// The sampling flags of the text-to-video programs, for `#[command(flatten)]`: unset ones
+/// take the model's defaults (the program's --help says which).
+#[derive(clap::Args, Clone, Debug)]
+pub struct VideoArgs {
+    /// WIDTHxHEIGHT (Wan A14B: 1280x720, 720x1280, 832x480, 480x832; TI2V-5B: 1280x704,
+    /// 704x1280).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Accept any size the latent grid allows (tiny test models).
+    #[arg(long)]
+    pub any_size: bool,
+    /// Frames, 4k+1.
+    #[arg(long)]
+    pub frames: Option<usize>,
+    /// Denoising steps.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Guidance of the high-noise expert (TI2V-5B: the only one).
+    #[arg(long)]
+    pub guidance: Option<f64>,
+    /// Guidance of the low-noise expert (default: --guidance when given).
+    #[arg(long)]
+    pub guidance_2: Option<f64>,
+    /// Flow shift (default: the original release's, 12 for A14B and 5 for 5B; diffusers'
+    /// configs ship 3.0 and 5.0).
+    #[arg(long)]
+    pub shift: Option<f64>,
+    /// unipc or euler.
+    #[arg(long, default_value = "unipc")]
+    pub sampler: String,
+    /// Seed of the initial noise.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
 /// The first GPU when this build has CUDA and one is present, else the CPU (a build with
 /// CUDA on a machine without a GPU says so on stderr and runs on the CPU).
 pub fn default_device() -> Device {

@@ -87,6 +87,49 @@ pub struct GenerateOptions {
     pub seed: u64,
 }
 
+/// The settings of a generation a caller may leave to the model; `None` takes the
+/// variant's default (the original release's: [`WanVariant::sampler_defaults`],
+/// [`WanVariant::default_size`], [`WanVariant::default_frames`]).
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    pub size: Option<(usize, usize)>,
+    pub frames: Option<usize>,
+    pub steps: Option<usize>,
+    /// Guidance of the high-noise expert (and of TI2V-5B's only transformer).
+    pub guidance: Option<f64>,
+    /// Guidance of the low-noise expert (default: `guidance` when given).
+    pub guidance_2: Option<f64>,
+    pub shift: Option<f64>,
+}
+
+impl GenerateOptions {
+    /// The options of `prompt` for `variant`, with `s` over the variant's defaults.
+    pub fn for_variant(
+        variant: WanVariant,
+        prompt: &str,
+        negative_prompt: &str,
+        s: &Settings,
+        sampler: SamplerKind,
+        seed: u64,
+    ) -> Self {
+        let d = variant.sampler_defaults();
+        let (width, height) = s.size.unwrap_or(variant.default_size());
+        Self {
+            prompt: prompt.to_string(),
+            negative_prompt: negative_prompt.to_string(),
+            width,
+            height,
+            frames: s.frames.unwrap_or(variant.default_frames()),
+            steps: s.steps.unwrap_or(d.steps),
+            guidance_high: s.guidance.unwrap_or(d.guidance_high),
+            guidance_low: s.guidance_2.or(s.guidance).unwrap_or(d.guidance_low),
+            shift: Some(s.shift.unwrap_or(d.shift)),
+            sampler,
+            seed,
+        }
+    }
+}
+
 /// What happened at one denoising step.
 #[derive(Clone, Debug)]
 pub struct StepInfo {
