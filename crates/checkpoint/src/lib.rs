@@ -198,10 +198,7 @@ pub fn check_index_entry(
 }
 
 pub fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| msg(format!("{}: {e}", path.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| msg(format!("{}: not valid JSON: {e}", path.display())))?;
+    let v: serde_json::Value = read_json(path, "valid JSON")?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -413,4 +410,16 @@ pub fn random_var_builder(
         out.insert(name, t);
     }
     Ok(VarBuilder::from_tensors(out, dtype, device))
+}
+
+/// A text file, with an error that names it.
+pub fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| msg(format!("{}: {e}", path.display())))
+}
+
+/// A JSON file (a component's `config.json`) parsed as `T`; the error names the file and
+/// says what it should have been (`what`, e.g. "a UMT5 encoder config").
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    serde_json::from_str(&read_text(path)?)
+        .map_err(|e| msg(format!("{}: not {what}: {e}", path.display())))
 }

@@ -85,9 +85,7 @@ impl Config {
     /// Reads a `config.json`; errors name the file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let p = path.as_ref();
-        let s = std::fs::read_to_string(p)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))?;
-        Self::from_json_str(&s)
+        Self::from_json_str(&mxattn_checkpoint::read_text(p)?)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))
     }
 

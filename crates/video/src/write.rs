@@ -16,6 +16,21 @@ fn err(path: &Path, what: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("{}: {what}", path.display()))
 }
 
+/// A packed RGB8 frame (number `index`) must hold `width · height · 3` bytes.
+fn check_frame_bytes(rgb: &[u8], path: &Path, (w, h): (usize, usize), index: u64) -> Result<()> {
+    if rgb.len() != w * h * 3 {
+        return Err(err(
+            path,
+            format!(
+                "frame {index} has {} bytes, {w}x{h} RGB needs {}",
+                rgb.len(),
+                w * h * 3
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `frames` as RGB8, which must be `size` (a writer's width and height).
 fn frames_of_size(
     frames: &Tensor,
@@ -147,17 +162,7 @@ impl Mp4Writer {
     /// Encodes one packed RGB8 frame.
     pub fn push_rgb(&mut self, rgb: &[u8]) -> Result<()> {
         let (w, h) = (self.width, self.height);
-        if rgb.len() != w * h * 3 {
-            return Err(err(
-                &self.path,
-                format!(
-                    "frame {} has {} bytes, {w}x{h} RGB needs {}",
-                    self.frames,
-                    rgb.len(),
-                    w * h * 3
-                ),
-            ));
-        }
+        check_frame_bytes(rgb, &self.path, (w, h), self.frames)?;
         let yuv = YUVBuffer::from_rgb8_source(RgbSliceU8::new(rgb, (w, h)));
         let stream = self
             .encoder
@@ -306,17 +311,7 @@ impl GifWriter {
 
     pub fn push_rgb(&mut self, rgb: &[u8]) -> Result<()> {
         let (w, h) = (self.width, self.height);
-        if rgb.len() != w * h * 3 {
-            return Err(err(
-                &self.path,
-                format!(
-                    "frame {} has {} bytes, {w}x{h} RGB needs {}",
-                    self.frames,
-                    rgb.len(),
-                    w * h * 3
-                ),
-            ));
-        }
+        check_frame_bytes(rgb, &self.path, (w, h), self.frames as u64)?;
         let mut frame = gif::Frame::from_rgb_speed(w as u16, h as u16, rgb, 10);
         // whole centiseconds, the rounding spread so frame i ends at round(100 (i + 1) / fps)
         let end = |i: usize| (100.0 * i as f64 / self.fps).round() as u64;

@@ -161,10 +161,7 @@ fn read_model_index(dir: &Path) -> Result<(Option<f64>, bool)> {
     if !p.is_file() {
         return Ok((None, false));
     }
-    let text = std::fs::read_to_string(&p)
-        .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", p.display())))?;
+    let v: serde_json::Value = mxattn_checkpoint::read_json(&p, "valid JSON")?;
     let boundary = match v.get("boundary_ratio") {
         None | Some(serde_json::Value::Null) => None,
         Some(x) => Some(x.as_f64().ok_or_else(|| {

@@ -187,9 +187,7 @@ impl TransformerConfig {
     /// Reads and checks a `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        Self::from_json(&text)
+        Self::from_json(&mxattn_checkpoint::read_text(path)?)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))
     }
 

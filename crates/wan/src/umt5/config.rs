@@ -65,14 +65,7 @@ impl Umt5Config {
     /// Reads and checks a `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "{}: not a UMT5 encoder config: {e}",
-                path.display()
-            ))
-        })?;
+        let cfg: Self = mxattn_checkpoint::read_json(path, "a UMT5 encoder config")?;
         cfg.validate()
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
         Ok(cfg)

@@ -110,14 +110,7 @@ impl VaeConfig {
     /// Reads and checks a `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "{}: not an AutoencoderKLWan config: {e}",
-                path.display()
-            ))
-        })?;
+        let cfg: Self = mxattn_checkpoint::read_json(path, "an AutoencoderKLWan config")?;
         cfg.validate()
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
         Ok(cfg)
