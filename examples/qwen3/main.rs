@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
-use mxattn_cli::{DeviceArgs, ModelArgs};
+use mxattn_cli::{AttnArgs, AttnChoice, DeviceArgs, ModelArgs};
 
 /// The model `--model` names when it is not given.
 const DEFAULT_MODEL: &str = "Qwen/Qwen3-8B";
@@ -98,13 +98,10 @@ struct Args {
     #[command(flatten)]
     dev: DeviceArgs,
 
-    /// One attention config for every layer (see the list below).
-    #[arg(long, default_value = "bf16")]
-    attn: String,
-    /// A per-layer schedule (grammar below), e.g. "mxfp6@layers=0-3+last;mxfp4" or "hybrid";
-    /// overrides --attn.
-    #[arg(long)]
-    attn_schedule: Option<String>,
+    /// --attn (default bf16) and --attn-schedule, e.g. "mxfp6@layers=0-3+last;mxfp4" or
+    /// "hybrid".
+    #[command(flatten)]
+    attn: AttnArgs,
     /// Print only the statistics, not the text.
     #[arg(long)]
     quiet: bool,
@@ -123,9 +120,9 @@ fn mib(b: usize) -> f64 {
 fn run(a: Args) -> Result<()> {
     let device = a.dev.device()?;
     let dtype = a.dev.dtype(&device)?;
-    let schedule = match &a.attn_schedule {
-        Some(s) => ScheduleSpec::parse(s)?,
-        None => ScheduleSpec::uniform(&a.attn)?,
+    let schedule = match a.attn.choice("bf16") {
+        AttnChoice::Schedule(t) => ScheduleSpec::parse(t)?,
+        AttnChoice::Uniform(n) => ScheduleSpec::uniform(n)?,
     };
     let source = if a.src.random_weights {
         let config = match (&a.config, &a.src.model_dir) {

@@ -11,7 +11,9 @@
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mxattn_cli::spans::SpanTimes;
-use mxattn_cli::{dtype_or_default, progress_bar, DeviceArgs, ModelArgs, VideoArgs};
+use mxattn_cli::{
+    dtype_or_default, progress_bar, AttnArgs, AttnChoice, DeviceArgs, ModelArgs, VideoArgs,
+};
 
 /// The repository `--model` names when it is not given.
 const DEFAULT_MODEL: &str = "Wan-AI/Wan2.2-T2V-A14B-Diffusers";
@@ -65,12 +67,9 @@ struct Args {
     #[command(flatten)]
     video: VideoArgs,
 
-    /// One attention config everywhere (names below).
-    #[arg(long, default_value = "exact")]
-    attn: String,
-    /// Attention schedule (grammar below), e.g. "hybrid"; overrides --attn.
-    #[arg(long)]
-    attn_schedule: Option<String>,
+    /// --attn (default exact) and --attn-schedule, e.g. "hybrid-fused".
+    #[command(flatten)]
+    attn: AttnArgs,
 
     /// Output video: .mp4 (H.264) or .gif.
     #[arg(short, long, default_value = "wan22.mp4")]
@@ -135,9 +134,9 @@ fn run(a: Args) -> Result<()> {
         None => WanVariant::T2vA14b,
     };
     let sampler = SamplerKind::parse(&a.video.sampler)?;
-    let spec = match &a.attn_schedule {
-        Some(s) => ScheduleSpec::parse(s)?,
-        None => ScheduleSpec::uniform(&a.attn)?,
+    let spec = match a.attn.choice("exact") {
+        AttnChoice::Schedule(t) => ScheduleSpec::parse(t)?,
+        AttnChoice::Uniform(n) => ScheduleSpec::uniform(n)?,
     };
 
     let t_load = Instant::now();

@@ -69,6 +69,39 @@ impl ModelArgs {
     }
 }
 
+/// `--attn NAME` (one attention preset for every call) and `--attn-schedule TEXT` (a schedule
+/// in the one grammar, `mxattn::schedule`), for `#[command(flatten)]`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AttnArgs {
+    /// One attention preset for every call (default: the program's; the names are listed
+    /// below).
+    #[arg(long)]
+    pub attn: Option<String>,
+    /// An attention schedule (grammar below), e.g. "hybrid"; overrides --attn.
+    #[arg(long)]
+    pub attn_schedule: Option<String>,
+}
+
+/// What [`AttnArgs`] asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnChoice<'a> {
+    /// A schedule's text (`--attn-schedule`).
+    Schedule(&'a str),
+    /// One preset everywhere (`--attn`, or the program's default).
+    Uniform(&'a str),
+}
+
+impl AttnArgs {
+    /// `--attn-schedule`, else `--attn`, else the program's `default` preset.
+    pub fn choice<'a>(&'a self, default: &'a str) -> AttnChoice<'a> {
+        match (&self.attn_schedule, &self.attn) {
+            (Some(s), _) => AttnChoice::Schedule(s),
+            (None, Some(n)) => AttnChoice::Uniform(n),
+            (None, None) => AttnChoice::Uniform(default),
+        }
+    }
+}
+
 /// The sampling flags of the text-to-video programs, for `#[command(flatten)]`: unset ones
 /// take the model's defaults (the program's --help says which).
 #[derive(clap::Args, Clone, Debug)]
@@ -191,5 +224,15 @@ mod tests {
             dtype: None,
         };
         assert!(a.device().unwrap().is_cpu(), "--cpu wins over --device");
+    }
+
+    #[test]
+    fn attention_flags_pick_schedule_then_preset_then_default() {
+        let mut a = AttnArgs::default();
+        assert_eq!(a.choice("bf16"), AttnChoice::Uniform("bf16"));
+        a.attn = Some("mxfp4".into());
+        assert_eq!(a.choice("bf16"), AttnChoice::Uniform("mxfp4"));
+        a.attn_schedule = Some("hybrid".into());
+        assert_eq!(a.choice("bf16"), AttnChoice::Schedule("hybrid"));
     }
 }
