@@ -11,8 +11,8 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
 use mxattn::attention::{
-    attention_ext, AttentionConfig, EfqConfig, EfqRule, FusedProbs, FusedSoftmaxConfig, GpuPath,
-    OperandFormat, ProbFormat, RunOptions,
+    attention_ext, check_device, AttentionConfig, DeviceChecks, EfqConfig, EfqRule, FusedProbs,
+    FusedSoftmaxConfig, GpuPath, OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::ElemFormat;
 
@@ -41,6 +41,10 @@ struct Args {
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// When mxattn's calls read their checks: `per-call` (the default, one host
+    /// synchronization per call) or `deferred` (left on the device, read once per shape).
+    #[arg(long, default_value = "per-call")]
+    checks: String,
 }
 
 struct ShapeArg {
@@ -105,6 +109,11 @@ fn time_ms(
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    let checks = match a.checks.as_str() {
+        "per-call" => DeviceChecks::PerCall,
+        "deferred" => DeviceChecks::Deferred,
+        c => bail!("--checks {c:?}: expected per-call or deferred"),
+    };
     let dev = Device::new_cuda(0)?;
     use ElemFormat::*;
     let fp8v = OperandFormat::fp8_per_channel();
@@ -229,10 +238,13 @@ fn main() -> Result<()> {
             let ms = time_ms(&dev, a.warmup, a.iters, || {
                 let opts = RunOptions {
                     gpu_path: *path,
+                    checks,
                     ..Default::default()
                 };
                 Ok(attention_ext(&q, &k, &v, &cfg, &opts)?.out)
             })?;
+            // deferred: the gathered checks, read outside the timed loop
+            check_device(&dev)?;
             let ratio = base.map_or("-".to_string(), |b| format!("{:.2}x", b / ms));
             println!(
                 "| {label} | {} | {name} | {ms:.3} | {:.1} | {ratio} |",
