@@ -7,7 +7,7 @@
 //! head dim 128 runs the split-KV decode kernel (`kernels/attention_decode.cu`), which reads
 //! the codes as stored; every other call dequantizes and runs the attention op.
 
-use super::{attention, Algorithm, AttentionConfig, OperandFormat, ProbFormat};
+use super::{Algorithm, AttentionConfig, OperandFormat, ProbFormat, RunOptions};
 use crate::mx::MxTensor;
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -57,12 +57,25 @@ pub(crate) fn kernel_takes(cfg: &AttentionConfig) -> bool {
 }
 
 /// Attention of `q` (`[b, hq, sq, d]`) over cached `k` and `v`: the same result as
-/// [`attention`] on `k.to_tensor(q.dtype())` and `v.to_tensor(q.dtype())`.
+/// [`super::attention`] on `k.to_tensor(q.dtype())` and `v.to_tensor(q.dtype())`.
 pub fn attention_decode(
     q: &Tensor,
     k: &KvOperand,
     v: &KvOperand,
     cfg: &AttentionConfig,
+) -> Result<Tensor> {
+    attention_decode_ext(q, k, v, cfg, &RunOptions::default())
+}
+
+/// [`attention_decode`] with the options of [`super::attention_ext`] for the calls the decode
+/// kernel does not take (e.g. [`super::DeviceChecks::Deferred`]); the output only (`lse` is
+/// ignored).
+pub fn attention_decode_ext(
+    q: &Tensor,
+    k: &KvOperand,
+    v: &KvOperand,
+    cfg: &AttentionConfig,
+    opts: &RunOptions,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if q.device().is_cuda() && kernel_takes(cfg) {
@@ -71,5 +84,9 @@ pub fn attention_decode(
         }
     }
     let dt = q.dtype();
-    attention(q, &k.to_tensor(dt)?, &v.to_tensor(dt)?, cfg)
+    let opts = RunOptions {
+        lse: false,
+        ..*opts
+    };
+    Ok(super::attention_ext(q, &k.to_tensor(dt)?, &v.to_tensor(dt)?, cfg, &opts)?.out)
 }

@@ -40,7 +40,7 @@ pub use config::{
     fused_qk_format, Algorithm, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs,
     FusedSoftmaxConfig, OperandFormat, ProbFormat, KV_TILE,
 };
-pub use decode::{attention_decode, KvOperand};
+pub use decode::{attention_decode, attention_decode_ext, KvOperand};
 pub use presets::{preset, Preset, PRESETS};
 pub use softmax::efq::{efq_block, EfqBlock};
 

@@ -563,6 +563,10 @@ pub(crate) fn check_deferred(
     let Some(g) = gathered.iter_mut().find(|g| g.device == dev.id()) else {
         return Ok(Default::default());
     };
+    if g.calls == 0 {
+        // nothing gathered since the last check: no read, no synchronization
+        return Ok(Default::default());
+    }
     let stream = dev.cuda_stream();
     let flags = stream
         .clone_dtoh(&g.bad)

@@ -19,7 +19,7 @@ use super::kv_cache::LayerKvCache;
 use super::schedule::{LayerSpec, Schedule};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_b, linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
-use mxattn::attention::attention_decode;
+use mxattn::attention::{attention_decode_ext, DeviceChecks, RunOptions};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -222,7 +222,13 @@ impl Attention {
         let (Some(kv), Some(vv)) = (kv, vv) else {
             bail!("qwen3 layer {}: empty KV cache after an append", self.index);
         };
-        let o = attention_decode(&q, &kv, &vv, &cfg).map_err(|e| {
+        // The op's checks stay on the device (no synchronization per layer); the model's
+        // forward reads them once at its end.
+        let opts = RunOptions {
+            checks: DeviceChecks::Deferred,
+            ..Default::default()
+        };
+        let o = attention_decode_ext(&q, &kv, &vv, &cfg, &opts).map_err(|e| {
             candle_core::Error::Msg(format!("qwen3 layer {} ({}): {e}", self.index, cfg.label()))
         })?;
         o.transpose(1, 2)?
@@ -399,6 +405,10 @@ impl Qwen3 {
         for layer in &mut self.layers {
             h = layer.forward(&h)?;
         }
+        // the layers' deferred attention checks (non-finite inputs, overflow): one read per
+        // forward, none when every layer ran the decode kernel
+        mxattn::attention::check_device(h.device())
+            .map_err(|e| candle_core::Error::Msg(format!("qwen3 forward: {e}")))?;
         self.norm.forward(&h)
     }
 
