@@ -260,20 +260,30 @@ fn main() {
         .and_then(|j| j.parse().ok())
         .unwrap_or(1)
         .max(1);
+    // Workers take the next source until none is left; the archive keeps the sorted order.
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut objects: Vec<Option<PathBuf>> = vec![None; sources.len()];
-    let slots = std::sync::Mutex::new(&mut objects);
-    std::thread::scope(|s| {
-        for _ in 0..jobs.min(sources.len()) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(src) = sources.get(i) else { break };
-                let obj = compile(src);
-                slots.lock().unwrap()[i] = Some(obj);
-            });
-        }
+    let mut objects: Vec<(usize, PathBuf)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..jobs.min(sources.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(src) = sources.get(i) else {
+                            break done;
+                        };
+                        done.push((i, compile(src)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("an nvcc worker panicked"))
+            .collect()
     });
-    let objects: Vec<PathBuf> = objects.into_iter().map(|o| o.expect("compiled")).collect();
+    objects.sort();
+    let objects: Vec<PathBuf> = objects.into_iter().map(|(_, o)| o).collect();
 
     let lib = out.join("libmxattn_kernels.a");
     let _ = std::fs::remove_file(&lib);

@@ -47,7 +47,7 @@ pub struct SiteKey {
 }
 
 /// What one model's schedules may say.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grammar {
     /// The model, for messages: "Qwen3", "Wan".
     pub model: &'static str,
@@ -104,11 +104,6 @@ impl Grammar {
         }
         s
     }
-
-    /// The example the help text shows (the first preset written out), as (text, preset).
-    pub fn example(&self) -> Option<(&'static str, &'static str)> {
-        self.presets.first().map(|(n, def, _)| (*def, *n))
-    }
 }
 
 /// One value of a filter before the run's counts are known.
@@ -130,22 +125,13 @@ struct Rule {
 }
 
 /// A parsed schedule, not yet tied to a run's counts.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Schedule {
     grammar: Grammar,
     text: String,
     rules: Vec<Rule>,
     /// Presets clamp their indices to the run; user schedules do not.
     clamp: bool,
-}
-
-impl PartialEq for Schedule {
-    fn eq(&self, o: &Self) -> bool {
-        self.grammar.model == o.grammar.model
-            && self.text == o.text
-            && self.rules == o.rules
-            && self.clamp == o.clamp
-    }
 }
 
 fn parse_index(s: &str, ctx: &str) -> Result<usize> {
@@ -361,38 +347,45 @@ impl Schedule {
             let mut filters = Vec::new();
             for (ki, values) in &r.filters {
                 let key = &g.keys[*ki];
+                // named values are closed ranges of one index; only index keys have a count
+                let n = count_of[*ki];
+                if key.kind == KeyKind::Index && n.is_none() {
+                    bail!(
+                        "attention schedule {:?}: no count given for {} (a bug in the caller)",
+                        self.text,
+                        key.name
+                    );
+                }
                 let mut ranges = Vec::new();
                 for v in values {
-                    let (a, b) = match (key.kind, *v, count_of[*ki]) {
-                        (KeyKind::Named(_), Value::Range(a, b), _) => (a, b.unwrap_or(a)),
-                        (KeyKind::Named(_), Value::Last(_), _) => unreachable!("parsed as a name"),
-                        (KeyKind::Index, _, None) => bail!(
-                            "attention schedule {:?}: no count given for {} (a bug in the caller)",
-                            self.text,
-                            key.name
-                        ),
-                        (KeyKind::Index, Value::Last(k), Some(n)) => (n.saturating_sub(k), n - 1),
-                        (KeyKind::Index, Value::Range(a, b), Some(n)) => {
-                            let b = b.unwrap_or(n - 1).max(a);
-                            if b >= n {
-                                if self.clamp {
-                                    if a < n {
-                                        ranges.push((a, n - 1));
-                                    }
-                                    continue;
-                                }
-                                bail!(
-                                    "attention schedule {:?}: rule {:?} names {} {b}, but the run has {n} (0-{})",
-                                    self.text,
-                                    r.text,
-                                    key.name,
-                                    n - 1
-                                );
-                            }
-                            (a, b)
+                    let n_or = |what| {
+                        n.ok_or_else(|| {
+                            candle_core::Error::Msg(format!("{}: {what} needs a count", key.name))
+                        })
+                    };
+                    let (a, b) = match *v {
+                        Value::Range(a, Some(b)) => (a, b),
+                        Value::Range(a, None) => (a, (n_or("A-")? - 1).max(a)),
+                        Value::Last(k) => {
+                            let n = n_or("lastK")?;
+                            (n.saturating_sub(k), n - 1)
                         }
                     };
-                    ranges.push((a, b));
+                    match n {
+                        Some(n) if b >= n && self.clamp => {
+                            if a < n {
+                                ranges.push((a, n - 1));
+                            }
+                        }
+                        Some(n) if b >= n => bail!(
+                            "attention schedule {:?}: rule {:?} names {} {b}, but the run has {n} (0-{})",
+                            self.text,
+                            r.text,
+                            key.name,
+                            n - 1
+                        ),
+                        _ => ranges.push((a, b)),
+                    }
                 }
                 filters.push((*ki, ranges));
             }

@@ -112,11 +112,6 @@ fn main() -> Result<()> {
     run(args)
 }
 
-/// Latent frames the VAE decodes (one progress tick each).
-fn dims_t(pipe: &WanPipeline, o: &GenerateOptions) -> u64 {
-    pipe.latent_dims(o).map_or(0, |d| d.2 as u64)
-}
-
 fn run(a: Args) -> Result<()> {
     let device = a.dev.device()?;
     let dtype = a.dev.dtype(&device)?;
@@ -238,13 +233,15 @@ fn run(a: Args) -> Result<()> {
             .map_or((0.0, 0), |t| t.take_label("attention"))
     };
     let pb = progress_bar(opts.steps as u64, "denoise", a.quiet);
-    let mut vb = None;
+    // the VAE's bar: one tick per latent frame it decodes, made when the first frames come
+    let (mut vb, mut vae_chunks) = (None, 0u64);
     let mut per_step = Vec::new();
     let mut frame_no = 0usize;
     let gen = pipe.generate(&req, |event| {
         match event {
             Event::Planned(plan) => {
                 let dims = plan.latent_dims;
+                vae_chunks = dims.2 as u64;
                 println!(
                     "{width}x{height}, {} frames (latents {dims:?}, {} tokens), {} steps, shift {}, guidance {}/{}, {} sampler, seed {}",
                     opts.frames,
@@ -283,7 +280,7 @@ fn run(a: Args) -> Result<()> {
                 }
             }
             Event::Frames(rgb) => {
-                let bar = vb.get_or_insert_with(|| progress_bar(dims_t(&pipe, opts), "VAE", a.quiet));
+                let bar = vb.get_or_insert_with(|| progress_bar(vae_chunks, "VAE", a.quiet));
                 for f in &rgb.frames {
                     if let Some(m) = mp4.as_mut() {
                         m.push_rgb(f)?;

@@ -67,9 +67,8 @@ impl ComponentFiles {
     pub fn var_builder(&self, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
         // SAFETY: read-only maps of files this program does not modify, as candle's own
         // loaders do.
-        unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }.map_err(|e| {
-            candle_core::Error::Msg(format!("loading {}: {e}", self.weights[0].display()))
-        })
+        unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }
+            .map_err(|e| msg(format!("loading {}: {e}", self.weights[0].display())))
     }
 }
 
@@ -87,9 +86,8 @@ impl<'a> TensorScan<'a> {
         let mut found: HashMap<String, (PathBuf, Vec<usize>, StDtype)> = HashMap::new();
         for f in &files.weights {
             // SAFETY: a read-only map of a file we do not modify, as candle's own loader does.
-            let st = unsafe { MmapedSafetensors::new(f) }.map_err(|e| {
-                candle_core::Error::Msg(format!("{}: {}", f.display(), diagnose_safetensors(f, &e)))
-            })?;
+            let st = unsafe { MmapedSafetensors::new(f) }
+                .map_err(|e| msg(format!("{}: {}", f.display(), diagnose_safetensors(f, &e))))?;
             for (name, view) in st.tensors() {
                 if let Some((prev, _, _)) = found.get(&name) {
                     bail!(
@@ -128,7 +126,8 @@ impl<'a> TensorScan<'a> {
     }
 
     /// Checks that `name` is present with `shape`, a float dtype, and in the shard the index
-    /// names; `what` (e.g. "VAE checkpoint: tensor x") starts the message when it is missing.
+    /// names; `missing()` (e.g. "VAE checkpoint: tensor x") starts the message when it is not
+    /// there.
     pub fn check(
         &self,
         name: &str,
@@ -175,7 +174,7 @@ fn msg(s: String) -> candle_core::Error {
 
 /// The index `index_path` (its weight map `map`) must place tensor `name`, found in `file`, in
 /// that file.
-pub fn check_index_entry(
+fn check_index_entry(
     index_path: &Path,
     map: &BTreeMap<String, String>,
     name: &str,
@@ -197,7 +196,8 @@ pub fn check_index_entry(
     }
 }
 
-pub fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
+/// tensor name → shard file name, from an index file's `weight_map`.
+fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
     let v: serde_json::Value = read_json(path, "valid JSON")?;
     let map = v
         .get("weight_map")
@@ -245,12 +245,17 @@ pub fn hub_getter<'a>(
     })
 }
 
-/// The distinct shard files an index lists, sorted, each checked to exist in `dir`.
-pub fn shard_paths(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+/// The distinct shard files an index lists, sorted.
+fn shard_names(index: &Path) -> Result<Vec<String>> {
     let mut files: Vec<String> = read_index(index)?.into_values().collect();
     files.sort();
     files.dedup();
-    files
+    Ok(files)
+}
+
+/// [`shard_names`], each checked to exist in `dir`.
+fn shard_paths(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    shard_names(index)?
         .into_iter()
         .map(|f| {
             let p = dir.join(&f);
@@ -268,7 +273,7 @@ pub fn shard_paths(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Why a safetensors file did not open, naming the first tensor whose bytes lie past the
 /// end of a truncated file when the header is intact.
-pub fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
+fn diagnose_safetensors(path: &Path, err: &candle_core::Error) -> String {
     let generic = format!("cannot read as safetensors: {err}");
     let Ok(bytes) = std::fs::read(path) else {
         return generic;
@@ -328,10 +333,7 @@ pub fn fetch_component(
     let config = get(&path("config.json"))?;
     match get(&path(&format!("{weights}.index.json"))) {
         Ok(index) => {
-            let mut files: Vec<String> = read_index(&index)?.into_values().collect();
-            files.sort();
-            files.dedup();
-            let weights = files
+            let weights = shard_names(&index)?
                 .iter()
                 .map(|f| get(&path(f)))
                 .collect::<Result<Vec<_>>>()?;

@@ -34,6 +34,7 @@
 //! at the quantization-noise level.
 
 use candle_core::{bail, DType, Result, Shape, Tensor};
+use mxattn::attention::OperandFormat;
 use mxattn::mx::{quantize, ElemFormat, MxTensor, ScaleMode};
 use std::fmt;
 
@@ -50,6 +51,19 @@ pub enum CacheFormat {
         scale: ScaleMode,
         block: usize,
     },
+}
+
+impl CacheFormat {
+    /// How a cache keeps an operand the op quantizes to `f`: MX → the same MX codes (element,
+    /// scale rule, block), bf16 → bf16, anything else (native; per-channel FP8 V, whose
+    /// scale spans all keys) → the model dtype.
+    pub fn for_operand(f: OperandFormat) -> Self {
+        match f {
+            OperandFormat::Mx { elem, scale, block } => Self::Mx { elem, scale, block },
+            OperandFormat::Bf16 => Self::Bf16,
+            OperandFormat::Native | OperandFormat::PerChannel { .. } => Self::Model,
+        }
+    }
 }
 
 impl fmt::Display for CacheFormat {

@@ -6,9 +6,9 @@
 //! last layer in MXFP6 and the others in MXFP4; that is the `hybrid` preset.
 
 use super::kv_cache::{CacheFormat, KvFormat};
-use candle_core::{bail, Result};
+use candle_core::Result;
 use mxattn::attention::presets::preset;
-use mxattn::attention::{Algorithm, AttentionConfig, OperandFormat};
+use mxattn::attention::{Algorithm, AttentionConfig};
 use mxattn::schedule::{format_ranges, Grammar, KeyKind, SiteKey};
 use std::fmt;
 
@@ -40,14 +40,9 @@ impl LayerSpec {
                 rotate_qk = true;
             }
         }
-        let cache_of = |f: OperandFormat| match f {
-            OperandFormat::Mx { elem, scale, block } => CacheFormat::Mx { elem, scale, block },
-            OperandFormat::Bf16 => CacheFormat::Bf16,
-            OperandFormat::Native | OperandFormat::PerChannel { .. } => CacheFormat::Model,
-        };
         let kv = KvFormat {
-            k: cache_of(attn.qk_format),
-            v: cache_of(attn.v_format),
+            k: CacheFormat::for_operand(attn.qk_format),
+            v: CacheFormat::for_operand(attn.v_format),
         };
         Self {
             attn,
@@ -118,11 +113,11 @@ pub fn layer_preset(name: &str) -> Result<LayerSpec> {
 
 fn layer_spec(p: mxattn::attention::Preset) -> LayerSpec {
     match p.kv_storage {
-        Some(OperandFormat::Mx { elem, scale, block }) => {
-            let c = CacheFormat::Mx { elem, scale, block };
+        Some(f) => {
+            let c = CacheFormat::for_operand(f);
             LayerSpec::with_kv(p.config, KvFormat { k: c, v: c })
         }
-        _ => LayerSpec::from_config(p.config),
+        None => LayerSpec::from_config(p.config),
     }
 }
 
@@ -149,16 +144,13 @@ impl ScheduleSpec {
 
     /// Assigns a spec to each of `n_layers` layers.
     pub fn resolve(&self, n_layers: usize) -> Result<Schedule> {
-        if n_layers == 0 {
-            bail!("attention schedule: the model has no layers");
-        }
         let r = self.0.resolve(&[("layers", n_layers)])?;
         let layers = (0..n_layers)
             .map(|l| {
                 let rule = r.rule_for(&[Some(l)]);
-                Ok((rule.name.clone(), layer_spec(rule.preset.clone())))
+                (rule.name.clone(), layer_spec(rule.preset.clone()))
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(Schedule { layers })
     }
 }

@@ -430,7 +430,9 @@ fn schedule_grammar_assigns_layers() {
     assert_eq!(names_of(&s), ["efq", "efq"]);
 }
 
-/// The example `--help` shows is the `hybrid` preset written out, and resolves like it.
+/// The example `--help` shows is generated from the `hybrid` preset's definition (so it cannot
+/// drift from it, as the old hand-written example did); this checks that the help shows it and
+/// that, written out and so not clamped, it picks what the preset picks at 5 and 36 layers.
 #[test]
 fn the_help_example_is_what_it_says() {
     let help = mxattn_qwen3::schedule::schedule_help();

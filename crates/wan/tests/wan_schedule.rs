@@ -260,8 +260,10 @@ fn help_lists_grammar_configs_and_presets() {
     assert!(!h.contains("kv-mxfp4"));
 }
 
-/// The example `--help` shows is the `hybrid` preset written out: it must resolve exactly
-/// like the preset at every site of a full A14B run.
+/// The example `--help` shows is generated from the `hybrid` preset's definition (so it cannot
+/// drift from it, as the old hand-written example did); this checks that the help shows it and
+/// that, written out and so not clamped, it picks what the preset picks at every site of a
+/// full A14B run.
 #[test]
 fn the_help_example_is_what_it_says() {
     let h = help();
