@@ -791,7 +791,13 @@ fn stored_cache_cases(dev: &Device, budget: usize) {
                 full: Some(cv),
                 tail: tail.as_ref(),
             };
-            assert_eq!(takes_as_stored(&kx, &vx, &cfg, dt), (true, true), "{name}");
+            // AMD's round-up codes are dequantized (tests/kv_stored.rs says why)
+            let round_up = c.k.scale_mode() == ScaleMode::RoundUp;
+            assert_eq!(
+                takes_as_stored(&kx, &vx, &cfg, dt),
+                (!round_up, true),
+                "{name}"
+            );
             let q = to(&common::uniform(&[1, 4, sq, d], 5, -2.0))
                 .to_dtype(dt)
                 .unwrap();
