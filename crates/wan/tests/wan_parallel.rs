@@ -1,6 +1,6 @@
 //! The pipeline on several ranks (threads with `mxattn_dist::ThreadComm`, the CPU stand-in
-//! for NCCL) against one process: Ulysses sequence parallelism over 2, 3 (tokens padded)
-//! and 4 ranks, CFG parallelism over 2, and both (2 × 2). Every rank must hold the
+//! for NCCL) against one process: Ulysses sequence parallelism over 2, 3 and 4 ranks
+//! (30 tokens: 4 ranks pad them to 32), CFG parallelism over 2, and both (2 × 2). Every rank must hold the
 //! single-process latents after every step, and the leader's decoded video must be the
 //! single-process video, up to f32 summation order; a quantized schedule runs unchanged.
 
@@ -38,7 +38,8 @@ fn options() -> GenerateOptions {
     GenerateOptions {
         prompt: "a red fox running through snow".into(),
         negative_prompt: "blurry, low quality".into(),
-        width: 64,
+        // 10 × 6 latents, 2 × 2 patches, 2 latent frames: 30 tokens (4 ranks pad to 32)
+        width: 80,
         height: 48,
         frames: 5,
         steps: 4,
