@@ -5,7 +5,7 @@ use crate::launch::{share_from_rank0, RankEnv};
 use crate::{check_chunks, Communicator, Layout};
 use candle_core::cuda_backend::cudarc::driver::CudaSlice;
 use candle_core::cuda_backend::cudarc::nccl::{Comm, Id};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, Device, Result, Storage, Tensor};
 use std::sync::Mutex;
