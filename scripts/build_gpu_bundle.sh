@@ -33,7 +33,7 @@ cargo build --release --features cuda --example bench_gpu --example qwen3 --exam
 for e in bench_gpu qwen3 wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
 cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity; packed+=(.gpu/wan_fidelity)
 if [ "${BUNDLE_NCCL:-0}" = 1 ]; then
-  cargo build --release --features nccl --example wan22
+  cargo build --release -p mxattn-examples --features nccl --example wan22
   cp "$CARGO_TARGET_DIR/release/examples/wan22" .gpu/wan22_nccl; packed+=(.gpu/wan22_nccl)
 fi
 if [ "${BUNDLE_SM80:-0}" = 1 ]; then
