@@ -80,6 +80,11 @@ struct Args {
     /// Also write every frame as PNG into this directory.
     #[arg(long)]
     png_dir: Option<PathBuf>,
+    /// The MLPerf Inference Wan2.2 setting: T2V-A14B at 1280x720, 81 frames, 20 steps,
+    /// guidance 4.0 / 3.0 (boundary 0.875), for comparing with those submissions; flags
+    /// given beside it still win.
+    #[arg(long)]
+    mlperf: bool,
     /// Skip the VAE decode (speed runs of the denoiser).
     #[arg(long)]
     no_decode: bool,
@@ -223,7 +228,7 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
         pipe.experts.len(),
         t_load.elapsed().as_secs_f64()
     );
-    let settings = Settings {
+    let mut settings = Settings {
         size: a
             .video
             .size
@@ -236,6 +241,12 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
         guidance_2: a.video.guidance_2,
         shift: a.video.shift,
     };
+    if a.mlperf {
+        if variant != WanVariant::T2vA14b {
+            bail!("--mlperf is the T2V-A14B setting; this run is {variant}");
+        }
+        settings = settings.over(Settings::mlperf());
+    }
     let negative = a.negative_prompt.as_deref().unwrap_or(WAN_NEGATIVE_PROMPT);
     let opts = GenerateOptions::for_variant(
         variant,
@@ -295,6 +306,15 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
             .map_or((0.0, 0), |t| t.take_label("attention"))
     };
     let pb = progress_bar(opts.steps as u64, "denoise", quiet);
+    // the whole video's wall time, and the device memory in use (sampled after every step
+    // and decoded chunk: the driver's count for the whole GPU)
+    let t_video = Instant::now();
+    let mut peak_mem = 0usize;
+    let mut sample_mem = || {
+        if let Some(used) = device_memory_in_use(&device) {
+            peak_mem = peak_mem.max(used);
+        }
+    };
     // the VAE's bar: one tick per latent frame it decodes, made when the first frames come
     let (mut vb, mut vae_chunks) = (None, 0u64);
     let mut per_step = Vec::new();
@@ -330,6 +350,7 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
                 let _ = take_attention();
             }
             Event::Step(info) => {
+                sample_mem();
                 let (att_s, calls) = take_attention();
                 pb.inc(1);
                 per_step.push(serde_json::json!({
@@ -342,6 +363,7 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
                 }
             }
             Event::Frames(rgb) => {
+                sample_mem();
                 let bar = vb.get_or_insert_with(|| progress_bar(vae_chunks, "VAE", quiet));
                 for f in &rgb.frames {
                     if let Some(m) = mp4.as_mut() {
@@ -418,6 +440,16 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
     for w in &written {
         println!("wrote {w}");
     }
+    let total_s = t_video.elapsed().as_secs_f64();
+    println!(
+        "video: text {text_s:.2} s + denoising {denoise_s:.2} s + VAE {:.2} s = {total_s:.2} s wall (with writing){}",
+        vae_s.unwrap_or(0.0),
+        if peak_mem > 0 {
+            format!(", peak device memory in use {:.2} GiB", peak_mem as f64 / (1u64 << 30) as f64)
+        } else {
+            String::new()
+        }
+    );
     let schedule = &gen.plan.schedule;
     let steps = per_step;
     let latents_hash = format!("{:016x}", gen.latents_hash);
@@ -430,7 +462,9 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
             "text_seconds": text_s, "denoise_seconds": denoise_s,
             "step_seconds_mean": step_s.iter().sum::<f64>() / step_s.len() as f64,
             "attention_seconds": if a.profile_attention { Some(att_s) } else { None },
-            "vae_seconds": vae_s, "per_step": steps,
+            "vae_seconds": vae_s, "total_seconds": total_s,
+            "peak_device_memory_bytes": (peak_mem > 0).then_some(peak_mem),
+            "mlperf_setting": a.mlperf, "per_step": steps,
             "latents_hash": latents_hash,
             "frames_hash": gen.frames_hash.map(|h| format!("{h:016x}")),
         });
@@ -450,4 +484,16 @@ fn hub_dir(model: &str, _revision: Option<&str>) -> Result<PathBuf> {
         "--model {model}: this build has no Hub support; build with `--features hub`, or \
          download the repository and pass --model-dir DIR (or use --random-weights)"
     )
+}
+
+/// Bytes in use on `device`'s GPU (total − free, as the driver counts them), `None` on the
+/// CPU.
+fn device_memory_in_use(device: &candle_core::Device) -> Option<usize> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(d) = device {
+        let (free, total) = d.cuda_stream().context().mem_get_info().ok()?;
+        return Some(total - free);
+    }
+    let _ = device;
+    None
 }

@@ -104,6 +104,34 @@ pub struct Settings {
     pub shift: Option<f64>,
 }
 
+impl Settings {
+    /// The MLPerf Inference Wan2.2 text-to-video setting (T2V-A14B): 1280×720, 81 frames,
+    /// 20 steps, guidance 4.0 on the high-noise expert and 3.0 on the low-noise one (the
+    /// expert boundary 0.875 is A14B's own). The flow shift stays the variant's default.
+    pub fn mlperf() -> Self {
+        Self {
+            size: Some((1280, 720)),
+            frames: Some(81),
+            steps: Some(20),
+            guidance: Some(4.0),
+            guidance_2: Some(3.0),
+            shift: None,
+        }
+    }
+
+    /// The fields given in `self`, the others from `base` (explicit flags over a preset).
+    pub fn over(self, base: Settings) -> Settings {
+        Settings {
+            size: self.size.or(base.size),
+            frames: self.frames.or(base.frames),
+            steps: self.steps.or(base.steps),
+            guidance: self.guidance.or(base.guidance),
+            guidance_2: self.guidance_2.or(base.guidance_2),
+            shift: self.shift.or(base.shift),
+        }
+    }
+}
+
 impl GenerateOptions {
     /// The options of `prompt` for `variant`, with `s` over the variant's defaults.
     pub fn for_variant(
@@ -512,4 +540,32 @@ pub fn hub_snapshot(repo_id: &str, revision: Option<&str>) -> Result<std::path::
         fetch_component(&get, Some(dir), weights)?;
     }
     Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MLPerf setting gives the benchmark's options, and flags given beside it win.
+    #[test]
+    fn mlperf_setting_and_flags_over_it() {
+        let o = |s: &Settings| {
+            GenerateOptions::for_variant(WanVariant::T2vA14b, "p", "n", s, SamplerKind::UniPc, 0)
+        };
+        let m = o(&Settings::default().over(Settings::mlperf()));
+        assert_eq!((m.width, m.height, m.frames, m.steps), (1280, 720, 81, 20));
+        assert_eq!((m.guidance_high, m.guidance_low), (4.0, 3.0));
+        let d = o(&Settings::default());
+        assert_eq!(m.shift, d.shift, "the shift stays the variant's");
+        let given = Settings {
+            steps: Some(2),
+            guidance_2: Some(5.0),
+            ..Default::default()
+        };
+        let g = o(&given.over(Settings::mlperf()));
+        assert_eq!(
+            (g.steps, g.guidance_high, g.guidance_low, g.frames),
+            (2, 4.0, 5.0, 81)
+        );
+    }
 }
