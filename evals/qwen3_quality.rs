@@ -21,10 +21,10 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mxattn_cli::{progress_bar, DeviceArgs};
-use mxattn_qwen3::generation::greedy;
-use mxattn_qwen3::loading::{self, ModelSource};
-use mxattn_qwen3::schedule::schedule_help;
-use mxattn_qwen3::{chat, Qwen3, Schedule, ScheduleSpec};
+use mxattn_llm::generation::greedy;
+use mxattn_llm::loading::{self, ModelSource};
+use mxattn_llm::schedule::schedule_help;
+use mxattn_llm::{chat, CausalLm, Schedule, ScheduleSpec};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -158,7 +158,7 @@ fn windows(n: usize, seq_len: usize, stride: usize) -> Vec<(usize, usize, usize)
 }
 
 /// Log-probabilities `[rows, vocab]` of the rows predicting targets `first..end`.
-fn window_logprobs(model: &mut Qwen3, ids: &[u32], w: (usize, usize, usize)) -> Result<Tensor> {
+fn window_logprobs(model: &mut CausalLm, ids: &[u32], w: (usize, usize, usize)) -> Result<Tensor> {
     let (s, e, first) = w;
     model.clear_kv_cache();
     let input = Tensor::new(&ids[s..e], model.device())?.unsqueeze(0)?;

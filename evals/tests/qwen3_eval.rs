@@ -3,7 +3,7 @@
 //! computed here directly from the model's logits.
 
 use candle_core::{DType, Device, Tensor, D};
-use mxattn_qwen3::{loading, CheckpointFiles, Config, ScheduleSpec};
+use mxattn_llm::{loading, CheckpointFiles, Config, ScheduleSpec};
 use std::path::Path;
 use std::process::Command;
 
@@ -13,7 +13,7 @@ fn root() -> &'static Path {
 
 #[test]
 fn quality_eval_runs_on_the_tiny_checkpoint() {
-    let dir = root().join("../crates/qwen3/tests/fixtures/qwen3/tiny");
+    let dir = root().join("../crates/llm/tests/fixtures/qwen3/tiny");
     let out = std::env::temp_dir().join(format!("mxattn-qwen3-eval-{}.json", std::process::id()));
     // 100 byte tokens, one window: the perplexity can be recomputed below
     let text: String = root()

@@ -277,7 +277,7 @@ impl DecoderLayer {
 /// sequence the caches hold (positions start at [`Qwen3::seq_len`]); call
 /// [`Qwen3::clear_kv_cache`] to start a new one.
 #[derive(Debug)]
-pub struct Qwen3 {
+pub struct CausalLm {
     cfg: Config,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
@@ -287,7 +287,7 @@ pub struct Qwen3 {
     dtype: DType,
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// Builds the model from `vb` (weights under `model.*` and `lm_head`) with one spec
     /// per layer.
     pub fn new(cfg: &Config, schedule: &Schedule, vb: VarBuilder) -> Result<Self> {

@@ -1,8 +1,8 @@
 //! Qwen3 text generation with mxattn's quantized attention.
 //!
-//!     cargo run --release --example qwen3 -- --model Qwen/Qwen3-0.6B --prompt "Why is the sky blue?"
-//!     cargo run --release --example qwen3 -- --model-dir DIR --attn-schedule hybrid --no-think
-//!     cargo run --release --example qwen3 -- --random-weights --model Qwen/Qwen3-8B \
+//!     cargo run --release --example chat -- --model Qwen/Qwen3-0.6B --prompt "Why is the sky blue?"
+//!     cargo run --release --example chat -- --model-dir DIR --attn-schedule hybrid --no-think
+//!     cargo run --release --example chat -- --random-weights --model Qwen/Qwen3-8B \
 //!         --device cuda --dtype bf16 --prompt-len 4096 --max-tokens 128 --ignore-eos --attn mxfp4
 //!
 //! `--help` documents every flag and the schedule grammar.
@@ -13,11 +13,11 @@ use mxattn_cli::{AttnArgs, AttnChoice, DeviceArgs, ModelArgs};
 
 /// The model `--model` names when it is not given.
 const DEFAULT_MODEL: &str = "Qwen/Qwen3-8B";
-use mxattn_qwen3::chat::{self, Message, Role, SpecialTokens, TextStream};
-use mxattn_qwen3::generation::{generate, Sampler, SamplingParams};
-use mxattn_qwen3::loading::{self, ModelSource};
-use mxattn_qwen3::schedule::schedule_help;
-use mxattn_qwen3::{Config, ScheduleSpec};
+use mxattn_llm::chat::{self, Message, Role, SpecialTokens, TextStream};
+use mxattn_llm::generation::{generate, Sampler, SamplingParams};
+use mxattn_llm::loading::{self, ModelSource};
+use mxattn_llm::schedule::schedule_help;
+use mxattn_llm::{Config, ScheduleSpec};
 use std::io::Write;
 use std::path::PathBuf;
 

@@ -8,7 +8,7 @@
 //! the tensor (candle's own messages name only one of the two).
 
 use super::config::Config;
-use super::model::Qwen3;
+use super::model::CausalLm;
 use super::schedule::Schedule;
 use candle_core::{DType, Device, Result};
 use mxattn_checkpoint::{build_from, random_var_builder, ComponentFiles, Init, TensorScan};
@@ -102,10 +102,10 @@ pub fn load(
     schedule: &Schedule,
     dtype: DType,
     device: &Device,
-) -> Result<Qwen3> {
+) -> Result<CausalLm> {
     check_checkpoint(cfg, files)?;
     build_from(&files.component, "Qwen3", dtype, device, |vb| {
-        Qwen3::new(cfg, schedule, vb)
+        CausalLm::new(cfg, schedule, vb)
     })
 }
 
@@ -121,7 +121,7 @@ pub fn random(
     dtype: DType,
     device: &Device,
     seed: u64,
-) -> Result<Qwen3> {
+) -> Result<CausalLm> {
     let init = |name: &str, _: &[usize]| {
         let how = if name.ends_with("norm.weight") {
             Init::Ones
@@ -133,7 +133,7 @@ pub fn random(
         (how, dtype)
     };
     let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
-    Qwen3::new(cfg, schedule, vb)
+    CausalLm::new(cfg, schedule, vb)
 }
 
 /// Where the weights come from.
@@ -152,7 +152,7 @@ pub enum ModelSource {
 
 /// A model ready to run, with its tokenizer file when the source has one.
 pub struct Opened {
-    pub model: Qwen3,
+    pub model: CausalLm,
     pub tokenizer: Option<PathBuf>,
     /// What was loaded, for logs.
     pub description: String,

@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
-//! use mxattn_qwen3::{loading, CheckpointFiles, Config, ScheduleSpec};
+//! use mxattn_llm::{loading, CheckpointFiles, Config, ScheduleSpec};
 //!
 //! let files = CheckpointFiles::from_dir("path/to/Qwen3-8B")?;
 //! let cfg = Config::from_file(&files.component.config)?;
@@ -25,5 +25,5 @@ pub mod schedule;
 pub use config::Config;
 pub use kv_cache::{CacheFormat, CachedOperand, KvFormat, LayerKvCache};
 pub use loading::CheckpointFiles;
-pub use model::Qwen3;
+pub use model::CausalLm;
 pub use schedule::{layer_preset, LayerSpec, Schedule, ScheduleSpec};
