@@ -17,12 +17,15 @@
 pub mod chat;
 pub mod config;
 pub mod generation;
+pub mod gguf;
 pub mod kv_cache;
 pub mod loading;
 pub mod model;
 pub mod schedule;
+pub mod smollm2;
 
-pub use config::Config;
+pub use config::{Arch, Config};
+pub use gguf::GgufFile;
 pub use kv_cache::{CacheFormat, CachedOperand, KvFormat, LayerKvCache};
 pub use loading::CheckpointFiles;
 pub use model::CausalLm;

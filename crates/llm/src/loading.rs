@@ -49,7 +49,7 @@ impl CheckpointFiles {
     }
 }
 
-/// Every tensor a Qwen3 of `cfg` loads, with its shape.
+/// Every tensor a decoder of `cfg` loads (Hugging Face names), with its shape.
 pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
@@ -66,14 +66,18 @@ pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
         push("self_attn.k_proj.weight", vec![nkv * d, h]);
         push("self_attn.v_proj.weight", vec![nkv * d, h]);
         push("self_attn.o_proj.weight", vec![h, nh * d]);
-        if cfg.attention_bias {
+        if cfg.qkv_bias() {
             push("self_attn.q_proj.bias", vec![nh * d]);
             push("self_attn.k_proj.bias", vec![nkv * d]);
             push("self_attn.v_proj.bias", vec![nkv * d]);
+        }
+        if cfg.o_bias() {
             push("self_attn.o_proj.bias", vec![h]);
         }
-        push("self_attn.q_norm.weight", vec![d]);
-        push("self_attn.k_norm.weight", vec![d]);
+        if cfg.qk_norm() {
+            push("self_attn.q_norm.weight", vec![d]);
+            push("self_attn.k_norm.weight", vec![d]);
+        }
         push("mlp.gate_proj.weight", vec![i, h]);
         push("mlp.up_proj.weight", vec![i, h]);
         push("mlp.down_proj.weight", vec![h, i]);
