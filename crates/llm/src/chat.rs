@@ -175,6 +175,20 @@ impl SpecialTokens {
     }
 }
 
+/// Where generation stops: the config's eos ids, and the ChatML turn end and the text end
+/// when the vocabulary has them (a chat model's eos is often only one of those).
+pub fn stop_ids(t: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
+    let mut v = eos_ids.to_vec();
+    for s in ["<|im_end|>", "<|endoftext|>"] {
+        if let Some(id) = t.token_to_id(s) {
+            if !v.contains(&id) {
+                v.push(id);
+            }
+        }
+    }
+    v
+}
+
 /// Loads a `tokenizer.json`; errors name the file.
 pub fn load_tokenizer(path: impl AsRef<std::path::Path>) -> Result<Tokenizer> {
     let p = path.as_ref();

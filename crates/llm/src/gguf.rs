@@ -359,6 +359,30 @@ impl GgufFile {
         }
     }
 
+    /// The chat template with the file's bos/eos token texts, if the file has one.
+    pub fn chat(&self) -> Result<Option<crate::chat::ChatTemplate>> {
+        let Some(src) = self.chat_template()? else {
+            return Ok(None);
+        };
+        let text = |key: &str| -> Result<String> {
+            if self.content.metadata.contains_key(key) {
+                self.token(self.get_usize(key)? as u32)
+            } else {
+                Ok(String::new())
+            }
+        };
+        let bos = text("tokenizer.ggml.bos_token_id")?;
+        let eos = text("tokenizer.ggml.eos_token_id")?;
+        crate::chat::ChatTemplate::new(&src, &bos, &eos)
+            .map(Some)
+            .map_err(|e| {
+                msg(format!(
+                    "{}: tokenizer.chat_template: {e}",
+                    self.path.display()
+                ))
+            })
+    }
+
     /// The text of token `id` in `tokenizer.ggml.tokens`.
     pub fn token(&self, id: u32) -> Result<String> {
         let toks = self.get_strings("tokenizer.ggml.tokens")?;

@@ -152,12 +152,16 @@ pub enum ModelSource {
     },
     /// Random weights for `config`.
     Random { config: Box<Config>, seed: u64 },
+    /// A GGUF file (weights dequantized to the dtype; tokenizer and chat template inside).
+    Gguf(PathBuf),
 }
 
 /// A model ready to run, with its tokenizer file when the source has one.
 pub struct Opened {
     pub model: CausalLm,
     pub tokenizer: Option<PathBuf>,
+    /// The open GGUF file, when the source is one: its tokenizer and chat template.
+    pub gguf: Option<crate::gguf::GgufFile>,
     /// What was loaded, for logs.
     pub description: String,
 }
@@ -176,6 +180,7 @@ pub fn open(
         Ok(Opened {
             model,
             tokenizer: files.tokenizer.clone(),
+            gguf: None,
             description: what,
         })
     };
@@ -202,12 +207,32 @@ pub fn open(
             Ok(Opened {
                 model,
                 tokenizer: None,
+                gguf: None,
                 description: format!(
                     "random weights ({} layers, hidden {}, {:.2} B parameters, seed {seed})",
                     config.num_hidden_layers,
                     config.hidden_size,
                     config.num_parameters() as f64 / 1e9
                 ),
+            })
+        }
+        ModelSource::Gguf(p) => {
+            let g = crate::gguf::GgufFile::open(p)?;
+            let cfg = g.config()?;
+            let s = schedule.resolve(cfg.num_hidden_layers)?;
+            let model = g.load(&s, dtype, device)?;
+            let name = g.get_str("general.name").unwrap_or("model").to_string();
+            Ok(Opened {
+                model,
+                tokenizer: None,
+                description: format!(
+                    "{name} ({}, {} layers, hidden {}) from {}",
+                    cfg.arch.name(),
+                    cfg.num_hidden_layers,
+                    cfg.hidden_size,
+                    p.display()
+                ),
+                gguf: Some(g),
             })
         }
     }
