@@ -1,4 +1,4 @@
-//! `qwen3_quality` on the tiny fixture checkpoint: the code path runs end to end, a
+//! `llm_quality` on the tiny fixture checkpoint: the code path runs end to end, a
 //! schedule equal to the baseline scores as identical, and the perplexity is the one
 //! computed here directly from the model's logits.
 
@@ -21,7 +21,7 @@ fn quality_eval_runs_on_the_tiny_checkpoint() {
         .to_str()
         .unwrap()
         .into();
-    let status = Command::new(env!("CARGO_BIN_EXE_qwen3_quality"))
+    let status = Command::new(env!("CARGO_BIN_EXE_llm_quality"))
         .args(["--model-dir", dir.to_str().unwrap()])
         .args([
             "--text",
