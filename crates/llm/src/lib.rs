@@ -28,7 +28,7 @@ pub use config::{Arch, Config};
 pub use gguf::GgufFile;
 pub use kv_cache::{CacheFormat, CachedOperand, KvFormat, LayerKvCache};
 pub use loading::CheckpointFiles;
-pub use model::CausalLm;
+pub use model::{CausalLm, Qkv};
 pub use schedule::{layer_preset, LayerSpec, Schedule, ScheduleSpec};
 /// The tokenizer type the chat helpers take (re-exported so front ends need not name the crate).
 pub use tokenizers::Tokenizer;

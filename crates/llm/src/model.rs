@@ -133,6 +133,20 @@ struct Attention {
     cache: LayerKvCache,
     /// layer index, for error messages
     index: usize,
+    /// When on, the last forward's attention inputs (real-activation evals).
+    capture: bool,
+    captured: Option<Qkv>,
+}
+
+/// One layer's attention inputs from one forward call, as the attention op received them:
+/// q `[b, hq, l, d]` and k `[b, hkv, l, d]` after RoPE (and after the model-side Hadamard
+/// rotation of Fused-Softmax layers), v `[b, hkv, l, d]`. These are the new tokens only;
+/// after a prefill from an empty cache they are the whole sequence.
+#[derive(Clone, Debug)]
+pub struct Qkv {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
 }
 
 impl Attention {
@@ -169,6 +183,8 @@ impl Attention {
             spec,
             hadamard,
             index,
+            capture: false,
+            captured: None,
         })
     }
 
@@ -228,7 +244,15 @@ impl Attention {
         };
         let (q, k) = self.rotary.apply(&q, &k, offset)?;
         let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
-        self.cache.push(&k, &v.contiguous()?)?;
+        let v = v.contiguous()?;
+        if self.capture {
+            self.captured = Some(Qkv {
+                q: q.clone(),
+                k: k.clone(),
+                v: v.clone(),
+            });
+        }
+        self.cache.push(&k, &v)?;
         let cfg = self.spec.attn.clone().with_causal(true);
         // The cache as stored: a decode step on CUDA reads MX codes directly; otherwise
         // the views are dequantized and the attention op runs on them.
@@ -387,6 +411,26 @@ impl CausalLm {
     /// The spec of layer `i`.
     pub fn layer_spec(&self, i: usize) -> &LayerSpec {
         &self.layers[i].attn.spec
+    }
+
+    /// Keeps (`on`) or stops keeping each layer's attention inputs of the latest forward
+    /// call (see [`Qkv`]); off drops what was kept.
+    pub fn set_capture(&mut self, on: bool) {
+        for l in &mut self.layers {
+            l.attn.capture = on;
+            if !on {
+                l.attn.captured = None;
+            }
+        }
+    }
+
+    /// The attention inputs of every layer from the latest forward call with capture on
+    /// (`None` for a layer that has none), leaving none kept.
+    pub fn take_captured(&mut self) -> Vec<Option<Qkv>> {
+        self.layers
+            .iter_mut()
+            .map(|l| l.attn.captured.take())
+            .collect()
     }
 
     /// The KV cache of layer `i` (for kernels that read its codes directly).
