@@ -214,8 +214,12 @@ fn main() -> Result<()> {
         })?),
         (None, None, false) => bail!("give --model-dir DIR, --gguf FILE or --smollm2"),
     };
+    // the last path component: reports name the model, not this machine's folders
     let model_name = match &source {
-        ModelSource::Dir(p) | ModelSource::Gguf(p) => p.display().to_string(),
+        ModelSource::Dir(p) | ModelSource::Gguf(p) => p.file_name().map_or_else(
+            || p.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        ),
         _ => unreachable!("only directories and GGUF files are evaluated"),
     };
     let opened = loading::open(&source, &baseline, dtype, &device)?;

@@ -72,7 +72,7 @@ struct Args {
     /// fused-mxfp8/6/4 with /fp32 and /u8 P, efq-mmlu, efq-mean, efq-exact).
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
-    /// Write report.md, report.json and error_per_layer.png here.
+    /// Write report.md, report.json, error_per_layer.png and fused_claim_per_layer.png here.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -338,7 +338,7 @@ fn main() -> Result<()> {
             dir.join("report.json"),
             serde_json::to_string_pretty(&js)? + "\n",
         )?;
-        plot(&dir.join("error_per_layer.png"), &header, &variants, &rows)?;
+        plots(dir, &header, &variants, &rows)?;
         eprintln!("wrote {}", dir.display());
     }
     Ok(())
@@ -399,59 +399,85 @@ fn report_md(header: &str, sums: &[Summary], rows: &[LayerRow], sinks: &[(usize,
     s
 }
 
-fn plot(
-    path: &Path,
-    header: &str,
-    variants: &[(String, AttentionConfig, AttentionConfig)],
-    rows: &[LayerRow],
-) -> Result<()> {
+/// Distinct colours for up to 16 lines (plotters' palette has near-white entries).
+const COLORS: [(u8, u8, u8); 16] = [
+    (0, 0, 0),
+    (128, 128, 128),
+    (230, 25, 75),
+    (60, 180, 75),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (70, 240, 240),
+    (240, 50, 230),
+    (128, 128, 0),
+    (0, 128, 128),
+    (170, 110, 40),
+    (128, 0, 0),
+    (0, 0, 128),
+    (210, 180, 0),
+    (100, 200, 130),
+];
+
+/// One line of a per-layer plot.
+struct Line {
+    name: String,
+    points: Vec<(usize, f64)>,
+    dashed: bool,
+}
+
+/// A log-scale plot of `lines` over the layers.
+fn plot_lines(path: &Path, title: &str, x_desc: &str, y_desc: &str, lines: &[Line]) -> Result<()> {
     use plotters::prelude::*;
     use plotters::style::{register_font, FontStyle};
     // plotters' ab_glyph text needs a registered font: the embedded DejaVu Sans
     let _ = register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular());
-    let vals: Vec<f64> = rows
+    let vals: Vec<f64> = lines
         .iter()
-        .map(|r| r.err_mean)
+        .flat_map(|l| l.points.iter().map(|p| p.1))
         .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let lo = vals.iter().cloned().fold(f64::INFINITY, f64::min).min(1e-3);
     let hi = vals.iter().cloned().fold(0.0, f64::max).max(lo * 10.0);
-    let max_layer = rows.iter().map(|r| r.layer).max().unwrap_or(0).max(1);
+    let max_layer = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let root = BitMapBackend::new(path, (1100, 700)).into_drawing_area();
     let err = |e: String| anyhow::anyhow!("plot {}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Attention output error vs float64 exact, per layer (real Q, K, V)",
-            ("sans-serif", 22),
-        )
+        .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .right_y_label_area_size(10)
         .build_cartesian_2d(0usize..max_layer, (lo * 0.8..hi * 1.25).log_scale())
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
-        .x_desc(format!("layer  ({header})"))
-        .y_desc("mean row ‖o − ref‖ / ‖ref‖")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .y_label_formatter(&|v| format!("{v:.0e}"))
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(|e| err(e.to_string()))?;
-    for (i, (name, _, _)) in variants.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let pts: Vec<(usize, f64)> = rows
+    for (i, l) in lines.iter().enumerate() {
+        let (r, g, b) = COLORS[i % COLORS.len()];
+        let color = RGBColor(r, g, b).to_rgba();
+        let pts: Vec<(usize, f64)> = l
+            .points
             .iter()
-            .filter(|r| &r.variant == name && r.err_mean > 0.0 && r.err_mean.is_finite())
-            .map(|r| (r.layer, r.err_mean))
+            .copied()
+            .filter(|(_, v)| v.is_finite() && *v > 0.0)
             .collect();
+        let style = color.stroke_width(if l.dashed { 1 } else { 2 });
         chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(pts.clone(), style))
             .map_err(|e| err(e.to_string()))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+            .label(l.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .map_err(|e| err(e.to_string()))?;
@@ -465,5 +491,72 @@ fn plot(
         .draw()
         .map_err(|e| err(e.to_string()))?;
     root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// error_per_layer.png (every algorithm against float64) and fused_claim_per_layer.png
+/// (Fused-Softmax's added error per P generation against its floor).
+fn plots(
+    dir: &Path,
+    header: &str,
+    variants: &[(String, AttentionConfig, AttentionConfig)],
+    rows: &[LayerRow],
+) -> Result<()> {
+    let series = |name: &str, f: fn(&LayerRow) -> f64| -> Vec<(usize, f64)> {
+        rows.iter()
+            .filter(|r| r.variant == name)
+            .map(|r| (r.layer, f(r)))
+            .collect()
+    };
+    let lines: Vec<Line> = variants
+        .iter()
+        .map(|(n, _, _)| Line {
+            name: n.clone(),
+            points: series(n, |r| r.err_mean),
+            dashed: false,
+        })
+        .collect();
+    plot_lines(
+        &dir.join("error_per_layer.png"),
+        "Attention output error vs float64 exact, per layer (real Q, K, V)",
+        &format!("layer  ({header})"),
+        "mean row ||o - ref|| / ||ref||",
+        &lines,
+    )?;
+    let mut fl = Vec::new();
+    for f in ["fused-mxfp8", "fused-mxfp6", "fused-mxfp4"] {
+        let (u8n, f32n) = (format!("{f}/u8"), format!("{f}/fp32"));
+        if !rows.iter().any(|r| r.variant == u8n || r.variant == f32n) {
+            continue;
+        }
+        let floor_of = if rows.iter().any(|r| r.variant == u8n) {
+            &u8n
+        } else {
+            &f32n
+        };
+        fl.push(Line {
+            name: format!("{f} floor"),
+            points: series(floor_of, |r| r.floor_mean),
+            dashed: true,
+        });
+        for n in [&u8n, &f32n] {
+            if rows.iter().any(|r| &r.variant == n) {
+                fl.push(Line {
+                    name: format!("{n} added"),
+                    points: series(n, |r| r.added_mean),
+                    dashed: false,
+                });
+            }
+        }
+    }
+    if !fl.is_empty() {
+        plot_lines(
+            &dir.join("fused_claim_per_layer.png"),
+            "Fused-Softmax: error added to the operand floor, per layer (claim: added < floor)",
+            &format!("layer  ({header})"),
+            "mean row relative error",
+            &fl,
+        )?;
+    }
     Ok(())
 }
