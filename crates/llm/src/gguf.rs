@@ -487,3 +487,48 @@ pub fn tokenizer(g: &GgufFile) -> Result<Tokenizer> {
         .map_err(|e| msg(format!("{p}: adding user-defined tokens: {e}")))?;
     Ok(tok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The un-permutation against its definition, row by row: with rows numbered, Hugging
+    /// Face row `h·d + j·d/2 + i` must be GGUF row `h·d + 2i + j`.
+    #[test]
+    fn unpermute_follows_the_row_rule() {
+        let (heads, d, cols) = (3usize, 8usize, 2usize);
+        let data: Vec<f32> = (0..heads * d * cols).map(|x| (x / cols) as f32).collect();
+        let t = Tensor::from_vec(data, (heads * d, cols), &Device::Cpu).unwrap();
+        let u = unpermute_rows(&t, heads).unwrap().to_vec2::<f32>().unwrap();
+        for h in 0..heads {
+            for j in 0..2 {
+                for i in 0..d / 2 {
+                    let hf = h * d + j * d / 2 + i;
+                    let gg = h * d + 2 * i + j;
+                    assert_eq!(u[hf], vec![gg as f32; cols], "head {h} i {i} j {j}");
+                }
+            }
+        }
+        // biases (one dim) too, and a head count that does not divide the rows is an error
+        let b = Tensor::arange(0f32, (heads * d) as f32, &Device::Cpu).unwrap();
+        assert_eq!(
+            unpermute_rows(&b, heads).unwrap().to_vec1::<f32>().unwrap()[1],
+            2.0
+        );
+        assert!(unpermute_rows(&t, 5).is_err());
+    }
+
+    #[test]
+    fn gguf_names_cover_every_tensor_of_a_qwen3() {
+        let mut cfg = crate::Config::preset("Qwen/Qwen3-0.6B").unwrap();
+        cfg.tie_word_embeddings = false;
+        for (hf, _) in expected_tensors(&cfg) {
+            assert!(GgufFile::gguf_name(&hf).is_some(), "{hf}");
+        }
+        assert_eq!(
+            GgufFile::gguf_name("model.layers.7.self_attn.k_norm.weight").unwrap(),
+            "blk.7.attn_k_norm.weight"
+        );
+        assert_eq!(GgufFile::gguf_name("model.layers.7.mlp.nope.weight"), None);
+    }
+}
