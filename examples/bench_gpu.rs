@@ -324,6 +324,52 @@ fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Re
             "| {n} | MXFP4, dequantize + attention op | - | {ms:.4} | - | {:.2}x |",
             base.unwrap() / ms
         );
+        stored_rows(dev, a, (&q, &k, &v), n, rows)?;
+    }
+    Ok(())
+}
+
+/// Decode with a quantized softmax (no decode kernel yet): the attention op on the model's
+/// MX cache as stored (codes decoded into its operands) against dequantizing the cache and
+/// running the op on the values (which quantizes them again), same run.
+fn stored_rows(
+    dev: &Device,
+    a: &Args,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    n: usize,
+    rows: &mut Vec<serde_json::Value>,
+) -> Result<()> {
+    use mxattn::attention::{attention, attention_decode, preset, Algorithm};
+    use mxattn_llm::{CacheFormat, KvFormat, LayerKvCache};
+    println!();
+    println!("| decode: context | config (cache in its formats) | cache as stored: ms | dequantize + op: ms | stored / dequantize |");
+    println!("|---|---|---|---|---|");
+    for name in ["mxfp4", "mxfp8", "fused-mxfp8", "efq"] {
+        let mut cfg = preset(name)?.config.with_causal(true);
+        // a model moves the rotation into its projections (as the Qwen3 crate does)
+        if let Algorithm::FusedSoftmax(f) = &mut cfg.algorithm {
+            f.hadamard = false;
+        }
+        let kv = KvFormat {
+            k: CacheFormat::for_operand(cfg.qk_format),
+            v: CacheFormat::for_operand(cfg.v_format),
+        };
+        let mut cache = LayerKvCache::new(kv);
+        cache.push(k, v)?;
+        let (kv, vv) = (cache.k_view()?.unwrap(), cache.v_view()?.unwrap());
+        let stored = time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
+            Ok(attention_decode(q, &kv, &vv, &cfg)?)
+        })?;
+        let deq = time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
+            let (kd, vd) = cache.dequantized()?;
+            Ok(attention(q, &kd, &vd, &cfg)?)
+        })?;
+        println!(
+            "| {n} | {name} | {stored:.4} | {deq:.4} | {:.2}x faster |",
+            deq / stored
+        );
+        rows.push(serde_json::json!({"decode_context": n, "config": name,
+            "stored_ms": stored, "dequantize_ms": deq}));
     }
     Ok(())
 }

@@ -69,11 +69,13 @@ __global__ void prep_qk_kernel(const void* __restrict__ x, int dtype, int64_t ro
 // own) and 32 otherwise. Keys past the batch entry's length are zeroed so they never
 // touch a scale. Per-channel V only gathers each channel's amax here (as f32 bits, in
 // vscale); prep_v_channel_kernel encodes.
-__global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int d, int kb,
+// V columns from key key0 on (the earlier keys were decoded from stored codes into `out`);
+// `v` holds keys [key0, sk) of each head. One thread per (head, block of kb keys, channel).
+__global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int hkv, int sk, int key0, int d, int kb,
                               const int32_t* __restrict__ kv_lens, OperandFmt fmt, float* __restrict__ out,
                               unsigned* __restrict__ amax_bits, int* __restrict__ bad) {
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int nblk = (sk + kb - 1) / kb;
+  const int nblk = (sk - key0 + kb - 1) / kb;
   if (t >= (int64_t)b * hkv * d * nblk) return;
   const int c = (int)(t % d);
   const int jb = (int)((t / d) % nblk);
@@ -81,10 +83,11 @@ __global__ void prep_v_kernel(const void* __restrict__ v, int dtype, int b, int 
   const int bb = (int)(bh / hkv);
   const int len = kv_lens[bb];
   const int64_t base = bh * (int64_t)sk * d + c;
-  const int j0 = jb * kb, j1 = min(sk, j0 + kb);
+  const int64_t src = bh * (int64_t)(sk - key0) * d + c - (int64_t)key0 * d;
+  const int j0 = key0 + jb * kb, j1 = min(sk, j0 + kb);
   float amax = 0.0f;
   for (int j = j0; j < j1; j++) {
-    const float x = load_val(v, base + (int64_t)j * d, dtype);
+    const float x = load_val(v, src + (int64_t)j * d, dtype);
     if (!isfinite(x)) atomicOr(bad, 2);
     float y = j < len ? x : 0.0f;
     if (fmt.kind == OPK_BF16) y = round_bf16(y);
@@ -225,12 +228,49 @@ __global__ void attention_simple_kernel(AttnParams P, const float* __restrict__ 
   if (st.rollbacks && lane == 0) atomicAdd(rollbacks, (unsigned long long)st.rollbacks);
 }
 
+// K or V decoded from MX codes as a cache stores them, into the prepared operand: K rows
+// along d (codes [rows, packed(d)]), V channels along its first n keys (codes
+// [b·hkv·d, packed(n)], written to keys [0, n) of [b·hkv, sk, d]). Each value goes through
+// the input dtype as the dequantizing path's tensor would; a non-finite one (an E4M3 NaN
+// or E5M2 Inf code, a NaN scale) sets `bad_bit`.
+__global__ void prep_stored_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                   int64_t rows, int n, int fmt, int block, int is_v, int sk, int d, int dtype,
+                                   float* __restrict__ out, int bad_bit, int* __restrict__ bad) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= rows * n) return;
+  const int64_t r = t / n;
+  const int j = (int)(t % n);
+  const int nb = (n + block - 1) / block;
+  const int bits = fmt_info(fmt).bits;
+  const unsigned c = get_code(codes + r * packed_len((int64_t)nb * block, bits), j, bits);
+  float y = mx_decode(c, fmt) * e8m0_decode(scales[r * nb + j / block]);
+  if (dtype == 1) y = round_bf16(y);
+  if (!isfinite(y)) atomicOr(bad, bad_bit);
+  // V: row r is channel r % d of head r / d, element j its key j
+  const int64_t o = is_v ? ((r / d) * sk + j) * (int64_t)d + r % d : t;
+  out[o] = y;
+}
+
+// Decodes stored K (is_v 0: b·hkv·sk rows of d) or V (is_v 1: the first n keys) into dst.
+extern "C" int mxa_attention_prep_stored(const AttnParams* P, int is_v, const uint8_t* codes, const uint8_t* scales,
+                                         int fmt, int block, int n, float* dst, int* bad, gpuStream_t stream) {
+  if (block <= 0 || (is_v && (n > P->sk || n % block != 0)) || (!is_v && n != P->d)) return MXA_ERR_ARGS;
+  if (P->in_dtype == 2) return MXA_ERR_ARGS;  // f16 would round MX values: the op dequantizes those
+  const int64_t rows = is_v ? (int64_t)P->b * P->hkv * P->d : (int64_t)P->b * P->hkv * P->sk;
+  if (rows == 0 || n == 0) return MXA_OK;
+  const int64_t work = rows * n;
+  prep_stored_kernel<<<(unsigned)((work + 255) / 256), 256, 0, stream>>>(
+      codes, scales, rows, n, fmt, block, is_v, P->sk, P->d, P->in_dtype, dst, is_v ? 2 : 1, bad);
+  return mxa_status();
+}
+
 // v_unscaled and vscale (may be null): for per-channel FP8 V, the decoded codes and the
 // per-(batch, kv head, channel) scales.
-// qp and kp null: Q and K are not prepared here (the wgmma path packs them straight from
-// the inputs); vp null: likewise V.
+// qp, kp or vp null: that operand is not prepared here (packed straight from the input,
+// or decoded from stored codes). v_key0 > 0: V's first keys were decoded from stored codes
+// into vp already (whole MX blocks); v holds the rest, keys [v_key0, sk) of each head.
 extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void* k, const void* v, float* qp,
-                                  float* kp, float* vp, float* v_unscaled, float* vscale, int* bad,
+                                  float* kp, float* vp, int v_key0, float* v_unscaled, float* vscale, int* bad,
                                   gpuStream_t stream) {
   if (P->d > MAX_D) return MXA_ERR_ARGS;
   const int warps = 4;
@@ -246,12 +286,15 @@ extern "C" int mxa_attention_prep(const AttnParams* P, const void* q, const void
   const int64_t vt = (int64_t)P->b * P->hkv * P->d;
   const bool per_channel = P->v.kind == OPK_PER_CHANNEL;
   if (per_channel && !vscale) return MXA_ERR_ARGS;  // its amax gathers there
-  if (vt > 0 && P->sk > 0) {
-    const int kb = P->v.kind == OPK_MX ? P->v.block : 32;
-    const int64_t n = vt * ((P->sk + kb - 1) / kb);
+  const int kb = P->v.kind == OPK_MX ? P->v.block : 32;
+  // stored keys: whole blocks of an MX V or any count of a native one; never per channel
+  if (v_key0 < 0 || v_key0 > P->sk || (v_key0 > 0 && (per_channel || (P->v.kind == OPK_MX && v_key0 % kb != 0))))
+    return MXA_ERR_ARGS;
+  if (vt > 0 && P->sk > v_key0) {
+    const int64_t n = vt * ((P->sk - v_key0 + kb - 1) / kb);
     if (per_channel && gpuMemsetAsync(vscale, 0, vt * sizeof(float), stream) != GPU_SUCCESS) return MXA_ERR_LAUNCH;
-    prep_v_kernel<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, P->d, kb,
-                                                                  P->kv_lens, P->v, vp, (unsigned*)vscale, bad);
+    prep_v_kernel<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(v, P->in_dtype, P->b, P->hkv, P->sk, v_key0, P->d,
+                                                                  kb, P->kv_lens, P->v, vp, (unsigned*)vscale, bad);
     if (per_channel) {
       const int64_t ne = vt * P->sk;
       prep_v_channel_kernel<<<(unsigned)((ne + 255) / 256), 256, 0, stream>>>(

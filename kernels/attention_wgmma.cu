@@ -30,6 +30,7 @@
 // wgmma is NVIDIA Hopper PTX; AMD builds take the portable kernels for every call.
 extern "C" int mxa_attention_wgmma_supported(const AttnParams*) { return 0; }
 extern "C" int mxa_wgmma_available() { return 0; }
+extern "C" int mxa_wgmma_head_dim() { return 128; }
 extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
 extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
@@ -595,6 +596,7 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
 }
 
 // Row and key padding the packed operands need, and Q's packed block (one warpgroup's rows).
+extern "C" int mxa_wgmma_head_dim() { return wg::D; }
 extern "C" int mxa_wgmma_rows_per_cta() { return wg::ROWS; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return wg::BR; }
 extern "C" int mxa_wgmma_keys_per_tile() { return wg::BC_ALL; }

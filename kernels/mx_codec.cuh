@@ -136,3 +136,19 @@ static __device__ __forceinline__ float e8m0_decode(unsigned byte) {
   if (byte == 0xFFu) return __int_as_float(0x7FC00000);
   return pow2f((int)byte - 127);
 }
+
+// Element i of a packed code row (FP4 low nibble first, FP6 LSB-first 4-in-3, FP8 bytes)
+// and the bytes of n packed codes: src/mx/pack.rs.
+static __device__ __forceinline__ unsigned get_code(const uint8_t* row, int64_t i, int bits) {
+  if (bits == 8) return row[i];
+  if (bits == 4) return (row[i >> 1] >> ((i & 1) * 4)) & 0xF;
+  const int64_t bit = 6 * i;
+  const uint8_t* b = row + (bit >> 3);
+  const int off = (int)(bit & 7);
+  const unsigned w = (unsigned)b[0] | (off > 2 ? ((unsigned)b[1] << 8) : 0u);
+  return (w >> off) & 0x3F;
+}
+
+static __device__ __forceinline__ int64_t packed_len(int64_t n, int bits) {
+  return bits == 8 ? n : (bits == 4 ? n / 2 : n / 4 * 3);
+}

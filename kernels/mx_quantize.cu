@@ -33,20 +33,6 @@ static __device__ __forceinline__ void put_code(uint8_t* row, int64_t i, unsigne
   }
 }
 
-static __device__ __forceinline__ unsigned get_code(const uint8_t* row, int64_t i, int bits) {
-  if (bits == 8) return row[i];
-  if (bits == 4) return (row[i >> 1] >> ((i & 1) * 4)) & 0xF;
-  const int64_t bit = 6 * i;
-  const uint8_t* b = row + (bit >> 3);
-  const int off = (int)(bit & 7);
-  const unsigned w = (unsigned)b[0] | (off > 2 ? ((unsigned)b[1] << 8) : 0u);
-  return (w >> off) & 0x3F;
-}
-
-static __device__ __forceinline__ int64_t packed_len(int64_t n, int bits) {
-  return bits == 8 ? n : (bits == 4 ? n / 2 : n / 4 * 3);
-}
-
 __global__ void mx_quantize_kernel(const void* __restrict__ x, int dtype, int64_t rows, int64_t n, int fmt,
                                    int mode, int block, uint8_t* __restrict__ codes, int64_t code_stride,
                                    uint8_t* __restrict__ scales, int64_t scale_stride) {

@@ -5,6 +5,8 @@
 #   BUNDLE_SM80=1       also .gpu/gpu_sm80: the GPU tests with mxattn's kernels built for
 #                       compute capability 8.0 only (no wgmma), run on the H200 through the
 #                       PTX JIT by scripts/gpu_check.sh
+#   BUNDLE_NCCL=1       also .gpu/wan22_nccl: wan22 with the nccl feature (--gpus N, RANK...),
+#                       linked against the libnccl stub; the GPU machine's libnccl.so.2 loads
 #   BUNDLE_OLD=REV      also .gpu/bench_gpu_old and .gpu/wan_transformer_old: those programs
 #                       at git revision REV, for a same-run comparison with this build
 #                       (scripts/gpu_compare_bench.sh)
@@ -30,6 +32,10 @@ cp "$(gpu_test_bin)" .gpu/gpu; packed+=(.gpu/gpu)
 cargo build --release --features cuda --example bench_gpu --example chat --example wan22 --example wan_transformer --bin wan_fidelity
 for e in bench_gpu chat wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
 cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity; packed+=(.gpu/wan_fidelity)
+if [ "${BUNDLE_NCCL:-0}" = 1 ]; then
+  cargo build --release -p mxattn-examples --features nccl --example wan22
+  cp "$CARGO_TARGET_DIR/release/examples/wan22" .gpu/wan22_nccl; packed+=(.gpu/wan22_nccl)
+fi
 if [ "${BUNDLE_SM80:-0}" = 1 ]; then
   cp "$(MXATTN_CUDA_ARCHS=80 gpu_test_bin)" .gpu/gpu_sm80; packed+=(.gpu/gpu_sm80)
 fi

@@ -41,6 +41,12 @@ if [ -z "$SYS" ]; then cargo fetch -q; SYS=$(find_sys); fi
 grep -ohE '^pub unsafe fn cu[A-Za-z0-9_]+' "$SYS" \
   | awk '{print "void " $4 "(void){}"}' | sort -u > "$VENV/cuda_stub.c"
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$CU/lib/stubs/libcuda.so" "$VENV/cuda_stub.c"
+# The same for NCCL (the `nccl` feature, multi-GPU runs): a link-time stub with soname
+# libnccl.so.2; at run time the GPU machine's libnccl.so.2 (torch's wheel ships one) loads.
+NCCL_SYS=$(dirname "$SYS")/../../nccl/sys/mod.rs
+grep -ohE '^pub unsafe fn nccl[A-Za-z0-9_]+' "$NCCL_SYS" \
+  | awk '{print "void " $4 "(void){}"}' | sort -u > "$VENV/nccl_stub.c"
+gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$CU/lib/stubs/libnccl.so" "$VENV/nccl_stub.c"
 
 # CUDA_COMPUTE_CAP: no nvidia-smi here for candle-kernels to ask (90 => sm_90a,
 # H100/H200 only). CUDARC_CUDA_VERSION: skip parsing `nvcc --version`.
@@ -51,5 +57,5 @@ export PATH="$CU/bin:\$PATH"
 export CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000
 EOF
 
-echo "CUDA wheels ready ($(wc -l < "$VENV/cuda_stub.c") libcuda stub symbols, cudarc $CUDARC_VER)."
+echo "CUDA wheels ready ($(wc -l < "$VENV/cuda_stub.c") libcuda and $(wc -l < "$VENV/nccl_stub.c") libnccl stub symbols, cudarc $CUDARC_VER)."
 echo "Use:  source .venv-cuda/env.sh && cargo build --release --features cuda"

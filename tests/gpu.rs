@@ -657,6 +657,7 @@ fn sanitizer_small() {
         let g = attention_ext(&qg, &kg, &vg, &cfg, &RunOptions::default()).unwrap();
         assert!(vec_f32(&g.out).iter().all(|x| x.is_finite()));
     }
+    stored_cache_cases(&dev, 8);
     let t = Tensor::randn(0f32, 1.0, (9, 70), &dev).unwrap();
     for fmt in [ElemFormat::E2M3, ElemFormat::E2M1] {
         let q = mx::quantize(&t, fmt, ScaleMode::Floor, 1, 32).unwrap();
@@ -727,6 +728,135 @@ fn decode_kernel_matches_the_dequantized_reference() {
         }
     }
     println!("decode kernel: worst row relative difference {worst:.2e}");
+}
+
+/// The op takes a KV cache as stored on CUDA too: for every preset a model caches in MX
+/// (rotation moved into the model), every kernel path, f32 and bf16 queries, a cache with
+/// and without a dense V tail, the output is bit for bit what the same kernel gives on the
+/// dequantized cache; and the sanitizer target runs it (`sanitizer_small` calls this with a
+/// small budget). A NaN code in a stored K is the non-finite-input error.
+#[test]
+fn stored_mx_cache_on_the_gpu_gives_the_dequantized_result() {
+    let Some(dev) = gpu() else { return };
+    stored_cache_cases(&dev, usize::MAX);
+}
+
+fn stored_cache_cases(dev: &Device, budget: usize) {
+    use mxattn::attention::{
+        attention_decode_ext, preset, takes_as_stored, Algorithm, KvOperand, PRESETS,
+    };
+    let paths = [
+        GpuPath::Auto,
+        GpuPath::WgmmaStaged,
+        GpuPath::Mma,
+        GpuPath::Simple,
+    ];
+    let mut checked = 0;
+    'all: for (name, _) in PRESETS {
+        let p = preset(name).unwrap();
+        let mut cfg = p.config.with_causal(true);
+        if let Algorithm::FusedSoftmax(f) = &mut cfg.algorithm {
+            f.hadamard = false;
+        }
+        // exact softmax on native operands at d = 128 is the decode kernel's: compare the
+        // op where it runs (d = 64); every quantized config at both
+        let native = cfg.qk_format == OperandFormat::Native;
+        for (d, n, sq, dt) in [(64, 300, 1, DType::F32), (128, 256, 70, DType::BF16)] {
+            if native && d == 128 {
+                continue;
+            }
+            let k = common::uniform(&[1, 2, n, d], checked as u64, -2.0);
+            let v = common::uniform(&[1, 2, n, d], checked as u64 + 1, -2.0);
+            let Some(c) = common::mx_cache(&k, &v, &cfg, p.kv_storage) else {
+                continue;
+            };
+            let to = |t: &Tensor| t.to_device(dev).unwrap();
+            let (ck, cv) = (
+                mx::quantize(&to(&k), c.k.format(), c.k.scale_mode(), 3, c.k.block()).unwrap(),
+                mx::quantize(
+                    &to(&v.narrow(2, 0, c.v.shape().dims()[2]).unwrap()),
+                    c.v.format(),
+                    c.v.scale_mode(),
+                    2,
+                    c.v.block(),
+                )
+                .unwrap(),
+            );
+            let tail = c.v_tail.as_ref().map(to);
+            let kx = KvOperand::Mx {
+                full: Some(ck),
+                tail: None,
+            };
+            let vx = KvOperand::Mx {
+                full: Some(cv),
+                tail: tail.as_ref(),
+            };
+            // AMD's round-up codes are dequantized (tests/kv_stored.rs says why)
+            let round_up = c.k.scale_mode() == ScaleMode::RoundUp;
+            assert_eq!(
+                takes_as_stored(&kx, &vx, &cfg, dt),
+                (!round_up, true),
+                "{name}"
+            );
+            let q = to(&common::uniform(&[1, 4, sq, d], 5, -2.0))
+                .to_dtype(dt)
+                .unwrap();
+            for gpu_path in paths {
+                let opts = RunOptions {
+                    gpu_path,
+                    ..Default::default()
+                };
+                let s = attention_decode_ext(&q, &kx, &vx, &cfg, &opts).unwrap();
+                let (kd, vd) = (kx.to_tensor(dt).unwrap(), vx.to_tensor(dt).unwrap());
+                let r = attention_ext(&q, &kd, &vd, &cfg, &opts).unwrap().out;
+                let (s, r) = (vec_f32(&s), vec_f32(&r));
+                assert!(
+                    common::bits(&s) == common::bits(&r),
+                    "{name} d={d} sq={sq} {dt:?} {gpu_path:?}: stored differs from dequantized"
+                );
+                checked += 1;
+                if checked >= budget {
+                    break 'all;
+                }
+            }
+        }
+    }
+    assert!(checked >= budget.min(60), "only {checked} cases checked");
+    // a NaN code (E4M3 0x7F) in stored K
+    let (cfg, _) = (preset("mxfp8").unwrap().config, ());
+    let k = common::uniform(&[1, 2, 64, 64], 1, -2.0);
+    let kq = mx::quantize(&k, ElemFormat::E4M3, ScaleMode::Floor, 3, 32).unwrap();
+    let mut codes: Vec<u8> = kq.codes().flatten_all().unwrap().to_vec1().unwrap();
+    codes[5] = 0x7F;
+    let codes = Tensor::from_vec(codes, kq.codes().dims(), dev).unwrap();
+    let bad = mx::MxTensor::from_parts(
+        codes,
+        kq.scales().to_device(dev).unwrap(),
+        kq.format(),
+        kq.scale_mode(),
+        kq.block(),
+        kq.dim(),
+        kq.shape().clone(),
+    )
+    .unwrap();
+    let v = common::uniform(&[1, 2, 64, 64], 2, -2.0)
+        .to_device(dev)
+        .unwrap();
+    let q = common::uniform(&[1, 4, 1, 64], 3, -2.0)
+        .to_device(dev)
+        .unwrap();
+    let e = attention_decode_ext(
+        &q,
+        &KvOperand::Mx {
+            full: Some(bad),
+            tail: None,
+        },
+        &KvOperand::Dense(&v),
+        &cfg,
+        &RunOptions::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("non-finite"), "{e}");
 }
 
 /// Every fused elementwise op (`mxattn::fused`) on one device, over inputs made on the CPU:

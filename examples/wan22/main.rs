@@ -101,6 +101,19 @@ struct Args {
     /// VAE dtype (default: f32 on the CPU, bf16 on a GPU).
     #[arg(long)]
     vae_dtype: Option<String>,
+    /// Run on N GPUs of this host: starts N ranks of this program (rank r on cuda:r) that
+    /// split every transformer forward's video tokens (Ulysses sequence parallelism: the
+    /// attention heads must be a multiple of the ranks of a group; tokens are padded). Rank
+    /// 0 decodes and writes the video. On several hosts, start one process per GPU with
+    /// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (torchrun's variables)
+    /// instead. Needs a build with `--features nccl`.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    /// In a parallel run, compute the conditional and the unconditional branch on two
+    /// halves of the ranks (CFG parallelism; an even rank count), each half sequence
+    /// parallel over its ranks.
+    #[arg(long)]
+    cfg_parallel: bool,
     /// Hide progress bars.
     #[arg(long)]
     quiet: bool,
@@ -109,11 +122,57 @@ struct Args {
 fn main() -> Result<()> {
     let cmd = Args::command().after_help(schedule_help());
     let args = Args::from_arg_matches(&cmd.get_matches())?;
-    run(args)
+    let rank = mxattn_dist::launch::RankEnv::from_env()?;
+    if rank.is_none() && args.gpus > 1 {
+        // the launcher: this program again as ranks 0..N of this host
+        let argv: Vec<String> = std::env::args().skip(1).collect();
+        return Ok(mxattn_dist::launch::spawn_local(args.gpus, &argv)?);
+    }
+    run(args, rank)
 }
 
-fn run(a: Args) -> Result<()> {
-    let device = a.dev.device()?;
+/// This rank's communicators in the run `env` describes (NCCL).
+#[cfg(feature = "nccl")]
+fn join(
+    env: &mxattn_dist::launch::RankEnv,
+    device: &candle_core::Device,
+    cfg_parallel: bool,
+) -> Result<mxattn_wan::pipeline::Parallel> {
+    use std::sync::Arc;
+    let layout = mxattn_dist::Layout::new(env.world, cfg_parallel)?;
+    let (sp, cfg) = mxattn_dist::nccl::NcclComm::join(env, device, layout)?;
+    println!(
+        "rank {} of {}: sequence parallel over {}, CFG parallel over {}",
+        env.rank, env.world, layout.sp, layout.cfg
+    );
+    Ok(mxattn_wan::pipeline::Parallel {
+        sp: Some(Arc::new(sp)),
+        cfg: Some(Arc::new(cfg)),
+    })
+}
+
+#[cfg(not(feature = "nccl"))]
+fn join(
+    env: &mxattn_dist::launch::RankEnv,
+    _: &candle_core::Device,
+    _: bool,
+) -> Result<mxattn_wan::pipeline::Parallel> {
+    bail!(
+        "rank {} of {}: a parallel run needs NCCL; build with --features nccl",
+        env.rank,
+        env.world
+    )
+}
+
+fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
+    // a rank of a parallel run takes the GPU of its local rank; rank 0 alone writes
+    let leader = rank.as_ref().is_none_or(|r| r.rank == 0);
+    let device = match &rank {
+        Some(r) if !a.dev.cpu => mxattn_cli::parse_device(&format!("cuda:{}", r.local_rank))?,
+        Some(_) => bail!("a parallel run (--gpus, RANK) runs on GPUs, not --cpu"),
+        None => a.dev.device()?,
+    };
+    let quiet = a.quiet || !leader;
     let dtype = a.dev.dtype(&device)?;
     let vae_dtype = dtype_or_default(a.vae_dtype.as_deref(), &device)?;
     let variant: WanVariant = match &a.variant {
@@ -155,6 +214,9 @@ fn run(a: Args) -> Result<()> {
             .with_context(|| format!("loading the pipeline from {}", dir.display()))?
     };
     pipe.vae.set_trace(a.vae_trace);
+    if let Some(r) = &rank {
+        pipe.set_parallel(join(r, &device, a.cfg_parallel)?)?;
+    }
     let variant = pipe.variant();
     println!(
         "loaded {variant} ({} expert(s)) in {:.1} s",
@@ -187,7 +249,7 @@ fn run(a: Args) -> Result<()> {
     let req = Request {
         options: opts,
         schedule: spec,
-        decode: !a.no_decode,
+        decode: !a.no_decode && leader,
     };
     let opts = &req.options;
     let (w, h, fps) = (width, height, variant.fps());
@@ -232,7 +294,7 @@ fn run(a: Args) -> Result<()> {
             .as_ref()
             .map_or((0.0, 0), |t| t.take_label("attention"))
     };
-    let pb = progress_bar(opts.steps as u64, "denoise", a.quiet);
+    let pb = progress_bar(opts.steps as u64, "denoise", quiet);
     // the VAE's bar: one tick per latent frame it decodes, made when the first frames come
     let (mut vb, mut vae_chunks) = (None, 0u64);
     let mut per_step = Vec::new();
@@ -280,7 +342,7 @@ fn run(a: Args) -> Result<()> {
                 }
             }
             Event::Frames(rgb) => {
-                let bar = vb.get_or_insert_with(|| progress_bar(vae_chunks, "VAE", a.quiet));
+                let bar = vb.get_or_insert_with(|| progress_bar(vae_chunks, "VAE", quiet));
                 for f in &rgb.frames {
                     if let Some(m) = mp4.as_mut() {
                         m.push_rgb(f)?;
@@ -359,7 +421,7 @@ fn run(a: Args) -> Result<()> {
     let schedule = &gen.plan.schedule;
     let steps = per_step;
     let latents_hash = format!("{:016x}", gen.latents_hash);
-    if let Some(p) = &a.json {
+    if let Some(p) = a.json.as_ref().filter(|_| leader) {
         let report = serde_json::json!({
             "variant": variant.to_string(), "random_weights": a.src.random_weights,
             "width": width, "height": height, "frames": opts.frames, "steps": opts.steps,

@@ -31,6 +31,8 @@ pub mod config;
 pub mod decode;
 pub mod hadamard;
 pub(crate) mod op;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) mod plan;
 pub mod presets;
 pub(crate) mod problem;
 pub(crate) mod softmax;
@@ -40,7 +42,7 @@ pub use config::{
     fused_qk_format, Algorithm, AttentionConfig, EfqConfig, EfqRule, EfqScale, FusedProbs,
     FusedSoftmaxConfig, OperandFormat, ProbFormat, KV_TILE,
 };
-pub use decode::{attention_decode, attention_decode_ext, KvOperand};
+pub use decode::{attention_decode, attention_decode_ext, takes_as_stored, KvOperand};
 pub use presets::{preset, Preset, PRESETS};
 pub use softmax::efq::{efq_block, EfqBlock};
 
@@ -229,7 +231,36 @@ pub fn attention_ext(
     cfg: &AttentionConfig,
     opts: &RunOptions,
 ) -> Result<AttentionOutput> {
+    let problem = validate(q, Meta::of(k), Meta::of(v), cfg)?;
+    run_op(q, problem, cfg, opts, None, |q, op| {
+        q.apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, op)
+    })
+}
+
+/// [`attention_ext`] with K and V as [`op::KvInput`]s (stored MX operands decoded, not
+/// requantized); `k`/`v` describe them for validation.
+pub(crate) fn attention_kv(
+    q: &Tensor,
+    (k, v): (Meta, Meta),
+    kv: [op::KvInput; 2],
+    cfg: &AttentionConfig,
+    opts: &RunOptions,
+) -> Result<AttentionOutput> {
     let problem = validate(q, k, v, cfg)?;
+    run_op(q, problem, cfg, opts, Some(kv), |q, op| {
+        q.apply_op1_no_bwd(op)
+    })
+}
+
+/// Builds the op of a validated call, applies it and splits off the LSE.
+fn run_op(
+    q: &Tensor,
+    problem: Problem,
+    cfg: &AttentionConfig,
+    opts: &RunOptions,
+    kv: Option<[op::KvInput; 2]>,
+    apply: impl FnOnce(&Tensor, &AttentionOp) -> Result<Tensor>,
+) -> Result<AttentionOutput> {
     let supported = q.device().is_cpu() || (cfg!(feature = "cuda") && q.device().is_cuda());
     if !supported {
         bail!(
@@ -253,10 +284,9 @@ pub fn attention_ext(
         gpu_path: opts.gpu_path,
         deferred: opts.checks == DeviceChecks::Deferred,
         stats: stats.clone(),
+        kv,
     };
-    let raw = q
-        .contiguous()?
-        .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+    let raw = apply(&q.contiguous()?, &op)?;
     let stats = AttentionStats {
         rollbacks: stats.rollbacks.load(Ordering::Relaxed),
         gpu_kernel: GpuKernel::from_code(stats.gpu_kernel.load(Ordering::Relaxed)),
@@ -276,6 +306,25 @@ pub fn attention_ext(
         lse: Some(lse),
         stats,
     })
+}
+
+/// What validation needs of a K or V operand: its logical shape, the dtype it represents
+/// and its device.
+#[derive(Clone, Copy)]
+pub(crate) struct Meta<'a> {
+    pub dims: &'a [usize],
+    pub dtype: DType,
+    pub device: &'a candle_core::Device,
+}
+
+impl<'a> Meta<'a> {
+    fn of(t: &'a Tensor) -> Self {
+        Self {
+            dims: t.dims(),
+            dtype: t.dtype(),
+            device: t.device(),
+        }
+    }
 }
 
 fn check_operand_format(name: &str, f: OperandFormat, d: usize, is_v: bool) -> Result<()> {
@@ -370,39 +419,40 @@ fn check_efq(e: &EfqConfig, cfg: &AttentionConfig) -> Result<()> {
 }
 
 /// Shapes, dtypes, devices and config checked; the call's geometry.
-fn validate(q: &Tensor, k: &Tensor, v: &Tensor, cfg: &AttentionConfig) -> Result<Problem> {
-    for (n, t) in [("q", q), ("k", k), ("v", v)] {
-        if t.rank() != 4 {
+fn validate(q: &Tensor, k: Meta, v: Meta, cfg: &AttentionConfig) -> Result<Problem> {
+    let qm = Meta::of(q);
+    for (n, t) in [("q", qm), ("k", k), ("v", v)] {
+        if t.dims.len() != 4 {
             bail!(
                 "attention: {n} must have rank 4 ([batch, heads, seq, head_dim]), got shape {:?}",
-                t.dims()
+                t.dims
             );
         }
-        if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+        if !matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16) {
             bail!(
                 "attention: {n} has dtype {:?}; expected f32, bf16 or f16",
-                t.dtype()
+                t.dtype
             );
         }
     }
-    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+    if k.dtype != q.dtype() || v.dtype != q.dtype() {
         bail!(
             "attention: q, k, v must share a dtype, got {:?}, {:?}, {:?}",
             q.dtype(),
-            k.dtype(),
-            v.dtype()
+            k.dtype,
+            v.dtype
         );
     }
-    if !q.device().same_device(k.device()) || !q.device().same_device(v.device()) {
+    if !q.device().same_device(k.device) || !q.device().same_device(v.device) {
         bail!("attention: q, k, v must be on one device");
     }
     let (b, hq, sq, d) = q.dims4()?;
-    let (bk, hkv, sk, dk) = k.dims4()?;
-    if k.dims() != v.dims() {
+    let [bk, hkv, sk, dk] = [k.dims[0], k.dims[1], k.dims[2], k.dims[3]];
+    if k.dims != v.dims {
         bail!(
             "attention: k {:?} and v {:?} must have the same shape",
-            k.dims(),
-            v.dims()
+            k.dims,
+            v.dims
         );
     }
     if bk != b {

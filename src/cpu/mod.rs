@@ -26,6 +26,25 @@ pub(crate) struct Inputs<'a> {
     pub q: &'a [f32],
     pub k: &'a [f32],
     pub v: &'a [f32],
+    /// K holds values decoded from codes already in the Q/K format (a cache as stored):
+    /// the tiled path does not round them again. The reference rounds every operand (the
+    /// rounding is idempotent on such values), so it stays the definition.
+    pub k_ready: bool,
+    /// V's first keys (whole blocks) hold values already in the V format, likewise.
+    pub v_ready_keys: usize,
+}
+
+impl<'a> Inputs<'a> {
+    /// Inputs to round as a whole (the op's tensor inputs).
+    pub fn raw(q: &'a [f32], k: &'a [f32], v: &'a [f32]) -> Self {
+        Self {
+            q,
+            k,
+            v,
+            k_ready: false,
+            v_ready_keys: 0,
+        }
+    }
 }
 
 /// O `[rows·d]`, LSE `[rows]`, and counters.

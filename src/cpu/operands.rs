@@ -49,8 +49,9 @@ fn prepare_qk(x: &[f32], d: usize, q_scale: f32, hadamard: bool, fmt: OperandFor
 }
 
 /// V rounded along the keys (MX, per channel) or elementwise; keys past a batch entry's
-/// valid length are zeroed so they cannot touch the scales of valid keys.
-fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat) -> Vec<f32> {
+/// valid length are zeroed so they cannot touch the scales of valid keys. The first
+/// `ready` keys (whole MX blocks) are already in the format and kept as they are.
+fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat, ready: usize) -> Vec<f32> {
     let (sk, d) = (p.sk, p.d);
     let mut out = v.to_vec();
     out.par_chunks_mut(sk * d)
@@ -62,11 +63,13 @@ fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat) -> Vec<f32> {
                 OperandFormat::Native => {}
                 OperandFormat::Bf16 => round_row(fmt, &mut head[..len * d]),
                 OperandFormat::Mx { .. } | OperandFormat::PerChannel { .. } => {
-                    let mut col = vec![0f32; len];
-                    let mut res = vec![0f32; len];
+                    // ready keys are whole blocks from key 0, so the rest starts a block
+                    let ready = ready.min(len);
+                    let mut col = vec![0f32; len - ready];
+                    let mut res = vec![0f32; len - ready];
                     for c in 0..d {
                         for (j, x) in col.iter_mut().enumerate() {
-                            *x = head[j * d + c];
+                            *x = head[(ready + j) * d + c];
                         }
                         match fmt {
                             OperandFormat::Mx { elem, scale, block } => {
@@ -78,7 +81,7 @@ fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat) -> Vec<f32> {
                             _ => unreachable!(),
                         }
                         for (j, x) in res.iter().enumerate() {
-                            head[j * d + c] = *x;
+                            head[(ready + j) * d + c] = *x;
                         }
                     }
                 }
@@ -88,9 +91,17 @@ fn prepare_v(p: &Problem, v: &[f32], fmt: OperandFormat) -> Vec<f32> {
 }
 
 pub(crate) fn prepare(p: &Problem, cfg: &AttentionConfig, prep: ScorePrep, x: Inputs) -> Operands {
+    // a ready K was decoded from codes of this very format, with no rotation to apply
+    // (the op takes stored K only then)
+    let k = if x.k_ready {
+        debug_assert!(!prep.hadamard);
+        x.k.to_vec()
+    } else {
+        prepare_qk(x.k, p.d, 1.0, prep.hadamard, cfg.qk_format)
+    };
     Operands {
         q: prepare_qk(x.q, p.d, prep.q_scale, prep.hadamard, cfg.qk_format),
-        k: prepare_qk(x.k, p.d, 1.0, prep.hadamard, cfg.qk_format),
-        v: prepare_v(p, x.v, cfg.v_format),
+        k,
+        v: prepare_v(p, x.v, cfg.v_format, x.v_ready_keys),
     }
 }

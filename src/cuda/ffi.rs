@@ -206,8 +206,21 @@ extern "C" {
         qp: *mut f32,
         kp: *mut f32,
         vp: *mut f32,
+        v_key0: i32,
         v_unscaled: *mut f32,
         vscale: *mut f32,
+        bad: *mut i32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_attention_prep_stored(
+        p: *const AttnParams,
+        is_v: i32,
+        codes: *const u8,
+        scales: *const u8,
+        fmt: i32,
+        block: i32,
+        n: i32,
+        dst: *mut f32,
         bad: *mut i32,
         stream: Stream,
     ) -> i32;
@@ -236,6 +249,7 @@ extern "C" {
     ) -> i32;
     pub fn mxa_attention_wgmma_supported(p: *const AttnParams) -> i32;
     pub fn mxa_wgmma_available() -> i32;
+    pub fn mxa_wgmma_head_dim() -> i32;
     pub fn mxa_wgmma_rows_per_cta() -> i32;
     pub fn mxa_wgmma_rows_per_warpgroup() -> i32;
     pub fn mxa_wgmma_keys_per_tile() -> i32;

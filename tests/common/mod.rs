@@ -48,3 +48,41 @@ pub fn uniform(shape: &[usize], seed: u64, lo: f32) -> Tensor {
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     mxattn::oracle::max_abs_diff(a, b).unwrap()
 }
+
+/// A KV cache as a model keeps it for a config: K quantized along d and V along the keys over
+/// its whole blocks (the rest a dense tail), in the config's MX formats, or in `storage`
+/// where the config's operands are native (the `kv-*` presets). `None` where the config
+/// stores nothing in MX.
+pub struct MxCache {
+    pub k: mxattn::mx::MxTensor,
+    pub v: mxattn::mx::MxTensor,
+    pub v_tail: Option<Tensor>,
+}
+
+pub fn mx_cache(
+    k: &Tensor,
+    v: &Tensor,
+    cfg: &AttentionConfig,
+    storage: Option<mxattn::attention::OperandFormat>,
+) -> Option<MxCache> {
+    use mxattn::attention::OperandFormat;
+    let mx_of = |f: OperandFormat| match f {
+        OperandFormat::Mx { elem, scale, block } => Some((elem, scale, block)),
+        _ => storage.and_then(|s| match s {
+            OperandFormat::Mx { elem, scale, block } => Some((elem, scale, block)),
+            _ => None,
+        }),
+    };
+    let (ke, ks, kb) = mx_of(cfg.qk_format)?;
+    let (ve, vs, vb) = mx_of(cfg.v_format)?;
+    let n = v.dims()[2];
+    let full = n / vb * vb;
+    let kq = mxattn::mx::quantize(k, ke, ks, 3, kb).unwrap();
+    let vq = mxattn::mx::quantize(&v.narrow(2, 0, full).unwrap(), ve, vs, 2, vb).unwrap();
+    let v_tail = (full < n).then(|| v.narrow(2, full, n - full).unwrap());
+    Some(MxCache {
+        k: kq,
+        v: vq,
+        v_tail,
+    })
+}

@@ -118,7 +118,8 @@ impl WanPipeline {
         let latents_hash = h.finish();
 
         let (mut decode, mut frames_hash) = (None, None);
-        if req.decode {
+        // in a parallel run the leader alone decodes (every rank holds the same latents)
+        if req.decode && self.is_leader() {
             let t_vae = Instant::now();
             let mut fh = DefaultHasher::new();
             let stats = self.decode(&latents, &plan.schedule, |t| {

@@ -18,7 +18,9 @@ use super::umt5::{trim_and_pad, TextEncoder, Umt5Config, Umt5Encoder};
 use super::vae::{DecodeStats, VaeConfig, WanVae};
 use super::AttnPolicy;
 use candle_core::{bail, DType, Device, Result, Tensor};
+use mxattn_dist::Communicator;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// How prompts become text embeddings.
@@ -154,6 +156,19 @@ pub struct WanPipeline {
     /// TI2V-5B: the timestep is given per token.
     pub expand_timesteps: bool,
     pub device: Device,
+    /// CFG parallelism: two ranks (or rank groups) compute the conditional and the
+    /// unconditional branch of each step side by side ([`Self::set_parallel`]).
+    cfg_comm: Option<Arc<dyn Communicator>>,
+}
+
+/// How one process takes part in a parallel run: `sp` splits each transformer forward's
+/// tokens across its ranks (Ulysses), `cfg` pairs it with the rank of the same place in the
+/// other guidance branch. Either is `None` (or a group of one) where that parallelism is
+/// off.
+#[derive(Clone, Debug, Default)]
+pub struct Parallel {
+    pub sp: Option<Arc<dyn Communicator>>,
+    pub cfg: Option<Arc<dyn Communicator>>,
 }
 
 fn read_model_index(dir: &Path) -> Result<(Option<f64>, bool)> {
@@ -211,6 +226,7 @@ impl WanPipeline {
             scheduler,
             boundary_ratio,
             expand_timesteps,
+            cfg_comm: None,
             device: device.clone(),
         })
     }
@@ -251,6 +267,7 @@ impl WanPipeline {
             scheduler: UniPcConfig::wan(d.shift),
             boundary_ratio: d.boundary_ratio,
             expand_timesteps: variant == WanVariant::Ti2v5b,
+            cfg_comm: None,
             device: device.clone(),
         })
     }
@@ -348,6 +365,32 @@ impl WanPipeline {
         Ok((cond, uncond))
     }
 
+    /// Runs this process as one rank of `p`: sequence parallel inside each transformer
+    /// forward, and/or one guidance branch per CFG rank (the two exchange their predictions
+    /// every step, so every rank holds the same latents). The VAE decode runs on the leader
+    /// alone ([`Self::is_leader`]).
+    pub fn set_parallel(&mut self, p: Parallel) -> Result<()> {
+        if let Some(c) = &p.cfg {
+            if c.world() > 2 {
+                bail!(
+                    "CFG parallelism pairs the two guidance branches: its group has 2 ranks, got {}",
+                    c.world()
+                );
+            }
+        }
+        for e in &mut self.experts {
+            e.set_sequence_parallel(p.sp.clone())?;
+        }
+        self.cfg_comm = p.cfg.filter(|c| c.world() > 1);
+        Ok(())
+    }
+
+    /// Rank 0 of a parallel run (or a single process): the one that decodes and writes.
+    pub fn is_leader(&self) -> bool {
+        let sp0 = self.experts.iter().all(|e| e.sequence_rank() == 0);
+        sp0 && self.cfg_comm.as_ref().is_none_or(|c| c.rank() == 0)
+    }
+
     /// diffusers runs the unconditional branch when the guidance scale is above 1.
     pub fn uses_cfg(&self, o: &GenerateOptions) -> bool {
         o.guidance_high > 1.0
@@ -397,13 +440,22 @@ impl WanPipeline {
                 Tensor::full(t as f32, 1, &self.device)?
             };
             let x = latents.to_dtype(model.dtype())?;
-            let v = model.forward(&x, &ts, cond, policy, expert, i)?;
-            let v = match uncond {
-                Some(u) => {
+            let v = match (uncond, &self.cfg_comm) {
+                // CFG parallel: this rank's branch, then both branches' predictions on
+                // every rank, combined exactly as below
+                (Some(u), Some(c)) => {
+                    let mine = if c.rank() == 0 { cond } else { u };
+                    let vm = model.forward(&x, &ts, mine, policy, expert, i)?;
+                    let both = c.all_gather(&vm.contiguous()?)?;
+                    let (v, vu) = (&both[0], &both[1]);
+                    (vu + ((v - vu)? * g)?)?
+                }
+                (Some(u), None) => {
+                    let v = model.forward(&x, &ts, cond, policy, expert, i)?;
                     let vu = model.forward(&x, &ts, u, policy, expert, i)?;
                     (&vu + ((&v - &vu)? * g)?)?
                 }
-                None => v,
+                (None, _) => model.forward(&x, &ts, cond, policy, expert, i)?,
             };
             latents = sch.step(&v, i, &latents)?;
             self.device.synchronize()?;

@@ -14,6 +14,17 @@ use mxattn::attention::{attention_ext, AttentionConfig, DeviceChecks, RunOptions
 use mxattn::fused::{
     ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
 };
+use mxattn_dist::{ulysses, Communicator};
+
+/// Ulysses sequence parallelism inside a block: this rank holds `1/P` of the `tokens`
+/// video tokens (padded to a multiple of P); self-attention exchanges them for `1/P` of the
+/// heads around the attention call, and masks the padding keys.
+#[derive(Clone, Copy)]
+pub struct SeqParallel<'a> {
+    pub comm: &'a dyn Communicator,
+    /// The sequence length before padding.
+    pub tokens: usize,
+}
 
 /// A linear layer with bias, `weight [out, in]`.
 pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
@@ -151,6 +162,7 @@ impl WanAttention {
         ctx: Option<&Tensor>,
         rope: Option<&RopeTables>,
         cfg: &AttentionConfig,
+        sp: Option<SeqParallel>,
     ) -> Result<Tensor> {
         let dev = x.device();
         let kv_in = ctx.unwrap_or(x);
@@ -181,7 +193,7 @@ impl WanAttention {
                 split_heads(&v, self.heads, &plain)?,
             ))
         })?;
-        let o = attend(ctx.is_some(), &q, &k, &v, cfg)?;
+        let o = attend(ctx.is_some(), &q, &k, &v, cfg, sp)?;
         let o = stage(dev, "merge heads", || merge_heads(&o))?;
         stage(dev, "output projection", || matmul(&o, &self.to_out))
     }
@@ -200,6 +212,7 @@ impl WanAttention {
         ctx: Option<&Tensor>,
         rope: Option<&RopeTables>,
         cfg: &AttentionConfig,
+        sp: Option<SeqParallel>,
     ) -> Result<Tensor> {
         let dev = x.device();
         let kv_in = ctx.unwrap_or(x);
@@ -226,7 +239,7 @@ impl WanAttention {
         if let Some(r) = rope {
             (q, k) = stage(dev, "RoPE (f32)", || Ok((r.apply(&q)?, r.apply(&k)?)))?;
         }
-        let o = attend(ctx.is_some(), &q, &k, &v, cfg)?;
+        let o = attend(ctx.is_some(), &q, &k, &v, cfg, sp)?;
         let o = stage(dev, "merge heads", || self.merge_heads(&o))?;
         stage(dev, "output projection", || self.to_out.forward(&o))
     }
@@ -240,7 +253,30 @@ fn attend(
     k: &Tensor,
     v: &Tensor,
     cfg: &AttentionConfig,
+    sp: Option<SeqParallel>,
 ) -> Result<Tensor> {
+    // sequence parallel self-attention: every token of this rank's heads, the padding keys
+    // masked, the output handed back to the tokens' ranks
+    if let (Some(sp), false) = (sp, cross) {
+        let dev = q.device();
+        let (q, k, v) = stage(dev, "all-to-all (Ulysses)", || {
+            Ok((
+                ulysses::heads_to_tokens(sp.comm, q)?,
+                ulysses::heads_to_tokens(sp.comm, k)?,
+                ulysses::heads_to_tokens(sp.comm, v)?,
+            ))
+        })?;
+        let (b, _, n_pad, _) = q.dims4()?;
+        let cfg = if n_pad > sp.tokens {
+            cfg.clone().with_key_lengths(vec![sp.tokens; b])
+        } else {
+            cfg.clone()
+        };
+        let o = attend(false, &q, &k, &v, &cfg, None)?;
+        return stage(dev, "all-to-all (Ulysses)", || {
+            ulysses::tokens_to_heads(sp.comm, &o)
+        });
+    }
     let name = if cross {
         "cross-attention"
     } else {
@@ -296,6 +332,8 @@ impl Module for FeedForward {
 #[derive(Clone, Copy)]
 pub struct BlockCall<'a> {
     pub policy: &'a dyn AttnPolicy,
+    /// Sequence parallelism, when the tokens are split across ranks.
+    pub sp: Option<SeqParallel<'a>>,
     pub expert: usize,
     pub step: usize,
     pub layer: usize,
@@ -396,7 +434,7 @@ impl WanBlock {
             self.norm1.modulate(x, &shift, &scale, dtype)
         })?;
         let a = call.run(AttnKind::SelfAttn, |cfg| {
-            self.attn1.forward(&h, None, Some(rope), cfg)
+            self.attn1.forward(&h, None, Some(rope), cfg, call.sp)
         })?;
         let x = stage(dev, "residual adds", || gated_add(x, &a, &gate))?;
 
@@ -405,7 +443,7 @@ impl WanBlock {
             None => Ok(x.clone()),
         })?;
         let a = call.run(AttnKind::CrossAttn, |cfg| {
-            self.attn2.forward(&h, Some(ctx), None, cfg)
+            self.attn2.forward(&h, Some(ctx), None, cfg, None)
         })?;
         let x = stage(dev, "residual adds", || x + a)?;
 
@@ -444,7 +482,7 @@ impl WanBlock {
             self.norm1.forward_fused(x, Some((shift, scale)))
         })?;
         let a = call.run(AttnKind::SelfAttn, |cfg| {
-            self.attn1.forward_fused(&h, None, Some(rope), cfg)
+            self.attn1.forward_fused(&h, None, Some(rope), cfg, call.sp)
         })?;
         let x = stage(dev, "residual adds", || {
             bias_residual(x, &a, self.attn1.to_out.bias(), Some(gate))
@@ -455,7 +493,7 @@ impl WanBlock {
             None => x.clone(),
         };
         let a = call.run(AttnKind::CrossAttn, |cfg| {
-            self.attn2.forward_fused(&h, Some(ctx), None, cfg)
+            self.attn2.forward_fused(&h, Some(ctx), None, cfg, None)
         })?;
         let x = stage(dev, "residual adds", || {
             bias_residual(&x, &a, self.attn2.to_out.bias(), None)

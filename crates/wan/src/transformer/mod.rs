@@ -50,10 +50,11 @@ pub use loading::{
 pub use rope::{RopeTables, WanRope};
 
 use crate::AttnPolicy;
-use block::{linear, LnParams};
+use block::{linear, LnParams, SeqParallel};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 use mxattn_checkpoint::{build_from, random_var_builder, Init};
+use mxattn_dist::{ulysses, Communicator};
 use std::path::Path;
 
 /// The RoPE tables of one latent grid `(f, h, w)`, shared by the clones of a transformer.
@@ -86,6 +87,8 @@ pub struct WanTransformer {
     rope_cache: RopeCache,
     /// Whether the blocks run the fused elementwise ops ([`mxattn::fused`]); on by default.
     fused: bool,
+    /// Ulysses sequence parallelism: the ranks that share each forward's tokens.
+    sp: Option<std::sync::Arc<dyn Communicator>>,
     dtype: DType,
     device: Device,
 }
@@ -151,6 +154,7 @@ impl WanTransformer {
             rope: WanRope::new(cfg),
             rope_cache: Default::default(),
             fused: true,
+            sp: None,
             cfg: cfg.clone(),
             dtype,
             device,
@@ -213,6 +217,32 @@ impl WanTransformer {
     /// ops (`true`, the default): for measuring what the fusion saves, and as its reference.
     pub fn set_fused_elementwise(&mut self, on: bool) {
         self.fused = on;
+    }
+
+    /// Splits every forward's video tokens across the ranks of `comm` (Ulysses sequence
+    /// parallelism; `None` or a group of one: this process computes all of them). Every rank
+    /// calls [`Self::forward`] with the same inputs and gets the whole output; the heads must
+    /// be a multiple of the ranks, the tokens are padded to one.
+    pub fn set_sequence_parallel(
+        &mut self,
+        comm: Option<std::sync::Arc<dyn Communicator>>,
+    ) -> Result<()> {
+        if let Some(c) = &comm {
+            let h = self.cfg.num_attention_heads;
+            if !h.is_multiple_of(c.world()) {
+                bail!(
+                    "Wan transformer: sequence parallelism over {} ranks splits the {h} attention heads; use a rank count that divides {h}",
+                    c.world()
+                );
+            }
+        }
+        self.sp = comm.filter(|c| c.world() > 1);
+        Ok(())
+    }
+
+    /// This process's rank in the sequence-parallel group (0 without one).
+    pub fn sequence_rank(&self) -> usize {
+        self.sp.as_ref().map_or(0, |c| c.rank())
     }
 
     pub fn config(&self) -> &TransformerConfig {
@@ -380,10 +410,40 @@ impl WanTransformer {
         let ctx = self
             .text_2
             .forward(&self.text_1.forward(&text.to_dtype(self.dtype)?)?.gelu()?)?;
-        let mut x = x;
+        // sequence parallel: this rank's tokens, their RoPE rows and (per-token timesteps)
+        // their modulation
+        let n = x.dim(1)?;
+        let sp = self
+            .sp
+            .as_deref()
+            .map(|comm| SeqParallel { comm, tokens: n });
+        let (mut x, rope, temb, e0) = match sp {
+            None => (x, rope, temb, e0),
+            Some(sp) => {
+                let c = sp.comm;
+                let per_token = |t: Tensor| -> Result<Tensor> {
+                    if t.dim(1)? > 1 {
+                        ulysses::split(c, &t, 1)
+                    } else {
+                        Ok(t)
+                    }
+                };
+                let rope = RopeTables {
+                    cos: ulysses::split(c, &rope.cos, 0)?,
+                    sin: ulysses::split(c, &rope.sin, 0)?,
+                };
+                (
+                    ulysses::split(c, &x, 1)?,
+                    rope,
+                    per_token(temb)?,
+                    per_token(e0)?,
+                )
+            }
+        };
         for (layer, block) in self.blocks.iter().enumerate() {
             let call = BlockCall {
                 policy,
+                sp,
                 expert,
                 step,
                 layer,
@@ -405,7 +465,11 @@ impl WanTransformer {
         } else {
             self.norm_out.modulate(&x, &shift, &scale, self.dtype)?
         };
-        let out = self.unpatchify(&self.proj_out.forward(&x)?, grid)?;
+        let mut y = self.proj_out.forward(&x)?;
+        if let Some(sp) = sp {
+            y = ulysses::gather(sp.comm, &y, 1, n)?;
+        }
+        let out = self.unpatchify(&y, grid)?;
         // the attention calls' deferred checks (non-finite inputs, overflow): one
         // synchronization per forward instead of one per call
         mxattn::attention::check_device(&self.device)?;
