@@ -22,6 +22,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use clap::{CommandFactory, FromArgMatches, Parser};
+use mxattn::attention::{Algorithm, FusedProbs};
 use mxattn_cli::{progress_bar, DeviceArgs};
 use mxattn_llm::generation::greedy;
 use mxattn_llm::loading::{self, ModelSource};
@@ -94,9 +95,31 @@ struct Args {
     gen_len: usize,
     #[command(flatten)]
     dev: DeviceArgs,
+    /// Override the P generation of every Fused-Softmax layer of the evaluated schedules
+    /// (not the baseline): `u8` (the 8-bit code) or `fp32` (the f32 bit pattern). Default:
+    /// each preset's own (fp32 for fused-mxfp8, u8 for fused-mxfp6/4).
+    #[arg(long, value_parser = ["u8", "fp32"])]
+    fused_probs: Option<String>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// `s` with every Fused-Softmax layer's P generation set to `p` (its name tagged).
+fn with_fused_probs(s: &Schedule, p: FusedProbs, tag: &str) -> Schedule {
+    Schedule::from_layers(
+        (0..s.len())
+            .map(|i| {
+                let mut spec = s.layer(i).clone();
+                let mut name = s.layer_name(i).to_string();
+                if let Algorithm::FusedSoftmax(f) = &mut spec.attn.algorithm {
+                    f.probs = p;
+                    name.push_str(tag);
+                }
+                (name, spec)
+            })
+            .collect(),
+    )
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -227,10 +250,24 @@ fn main() -> Result<()> {
     let n_layers = model.config().num_hidden_layers;
     let vocab = model.config().vocab_size;
     let base_sched = baseline.resolve(n_layers)?;
-    let scheds: Vec<Schedule> = specs
+    let mut scheds: Vec<Schedule> = specs
         .iter()
         .map(|s| s.resolve(n_layers))
         .collect::<candle_core::Result<_>>()?;
+    let mut names = names;
+    if let Some(p) = a.fused_probs.as_deref() {
+        let (probs, tag) = match p {
+            "u8" => (FusedProbs::U8Code, "/u8"),
+            _ => (FusedProbs::Fp32Bits, "/fp32"),
+        };
+        scheds = scheds
+            .iter()
+            .map(|s| with_fused_probs(s, probs, tag))
+            .collect();
+        for n in &mut names {
+            n.push_str(&format!(" (fused P: {p})"));
+        }
+    }
 
     let (text, text_name) = match &a.text {
         Some(p) => (
