@@ -1,0 +1,359 @@
+//! FP8 linear layers: `y = x · Wᵀ + b` with W and x in FP8 E4M3, the form the FP8 tensor
+//! cores multiply (Hopper's `wgmma` / cuBLASLt FP8 GEMMs), for the models' projections.
+//!
+//! **The definition** (what the CPU reference computes and a GPU GEMM must match):
+//! * a weight group (the whole tensor, an output channel, or a 128 × 128 block) has the
+//!   scale `s = amax / 448` in f32 (1 where the group is all zeros); its codes are
+//!   `E4M3(w / s)` (the division in f32, round to nearest even, saturating: see
+//!   [`mxattn::mx::ElemFormat::encode`]); its values `decode(code) · s`;
+//! * an activation row (one token) is quantized the same way with its own scale;
+//! * `y` is the exact product of those values, accumulated in f32 here (a GEMM accumulates
+//!   in its own order: agreement within f32 summation), plus the bias, in x's dtype.
+//!
+//! Weights come from a model in f32/bf16 ([`Fp8Weight::quantize`]) or as stored by FP8
+//! checkpoints ([`Fp8Weight::from_safetensors`]): ComfyUI's scaled FP8 (`weight` E4M3 and a
+//! per-tensor `scale_weight`) and the block-scaled layout of Qwen3-*-FP8 (`weight` E4M3 and
+//! `weight_scale_inv` per 128 × 128 block, which despite its name multiplies the codes).
+//!
+//! Per-channel scales are the default for quantizing at load: one outlier weight then costs
+//! only its own row's precision, and the scale folds into the GEMM's epilogue as one vector;
+//! 128 × 128 blocks are what the official FP8 checkpoints ship.
+
+use candle_core::{bail, DType, Device, Result, Tensor};
+use mxattn::mx::ElemFormat;
+use std::path::Path;
+
+/// E4M3's largest finite value: a group's amax maps to it.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// How weight scales are shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granularity {
+    /// One scale for the whole matrix (ComfyUI's scaled FP8).
+    Tensor,
+    /// One scale per output channel (row of W).
+    Channel,
+    /// One scale per `rows × cols` block (128 × 128 in the official FP8 checkpoints).
+    Block { rows: usize, cols: usize },
+}
+
+impl Granularity {
+    /// The 128 × 128 blocks of the official FP8 checkpoints.
+    pub const BLOCK128: Self = Self::Block {
+        rows: 128,
+        cols: 128,
+    };
+
+    /// Number of scales for a `[out, inp]` matrix.
+    pub fn scale_count(self, out: usize, inp: usize) -> usize {
+        match self {
+            Self::Tensor => 1,
+            Self::Channel => out,
+            Self::Block { rows, cols } => out.div_ceil(rows) * inp.div_ceil(cols),
+        }
+    }
+
+    /// Index of the scale of element `(o, i)` of a `[out, inp]` matrix.
+    fn scale_index(self, o: usize, i: usize, inp: usize) -> usize {
+        match self {
+            Self::Tensor => 0,
+            Self::Channel => o,
+            Self::Block { rows, cols } => (o / rows) * inp.div_ceil(cols) + i / cols,
+        }
+    }
+}
+
+/// `amax / 448` (1 for an all-zero group).
+pub fn group_scale(amax: f32) -> f32 {
+    if amax > 0.0 {
+        amax / E4M3_MAX
+    } else {
+        1.0
+    }
+}
+
+/// E4M3 codes of `x / s` and the values they represent (`decode · s`).
+fn quantize_with(x: f32, s: f32) -> (u8, f32) {
+    let c = ElemFormat::E4M3.encode(x / s);
+    (c, ElemFormat::E4M3.decode(c) * s)
+}
+
+/// A weight matrix `[out, inp]` in E4M3 codes with its scales.
+#[derive(Clone, Debug)]
+pub struct Fp8Weight {
+    out: usize,
+    inp: usize,
+    /// Row-major E4M3 codes.
+    codes: Vec<u8>,
+    granularity: Granularity,
+    scales: Vec<f32>,
+}
+
+impl Fp8Weight {
+    /// Quantizes `w [out, inp]` (any float dtype) with scales of `granularity`.
+    pub fn quantize(w: &Tensor, granularity: Granularity) -> Result<Self> {
+        let (out, inp) = w.dims2().map_err(|_| {
+            candle_core::Error::Msg(format!(
+                "FP8 weight: expected a [out, in] matrix, got shape {:?}",
+                w.dims()
+            ))
+        })?;
+        if let Granularity::Block { rows, cols } = granularity {
+            if rows == 0 || cols == 0 {
+                bail!("FP8 weight: block {rows}×{cols} is empty");
+            }
+        }
+        let v: Vec<f32> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "FP8 weight: non-finite value {} at [{}, {}]",
+                v[p],
+                p / inp,
+                p % inp
+            );
+        }
+        let mut amax = vec![0f32; granularity.scale_count(out, inp)];
+        for (p, x) in v.iter().enumerate() {
+            let g = granularity.scale_index(p / inp, p % inp, inp);
+            amax[g] = amax[g].max(x.abs());
+        }
+        let scales: Vec<f32> = amax.into_iter().map(group_scale).collect();
+        let codes = v
+            .iter()
+            .enumerate()
+            .map(|(p, &x)| {
+                quantize_with(x, scales[granularity.scale_index(p / inp, p % inp, inp)]).0
+            })
+            .collect();
+        Ok(Self {
+            out,
+            inp,
+            codes,
+            granularity,
+            scales,
+        })
+    }
+
+    /// Codes and scales as a checkpoint stores them (checked: sizes agree, the scales are
+    /// finite and positive, no code is E4M3's NaN).
+    pub fn from_parts(
+        out: usize,
+        inp: usize,
+        codes: Vec<u8>,
+        granularity: Granularity,
+        scales: Vec<f32>,
+    ) -> Result<Self> {
+        if codes.len() != out * inp {
+            bail!(
+                "FP8 weight: {} codes for a [{out}, {inp}] matrix",
+                codes.len()
+            );
+        }
+        let n = granularity.scale_count(out, inp);
+        if scales.len() != n {
+            bail!(
+                "FP8 weight: {granularity:?} scales of a [{out}, {inp}] matrix are {n}, got {}",
+                scales.len()
+            );
+        }
+        if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            bail!("FP8 weight: scale {s} is not a finite positive number");
+        }
+        if let Some(p) = codes.iter().position(|c| c & 0x7F == 0x7F) {
+            bail!(
+                "FP8 weight: code at [{}, {}] is E4M3's NaN",
+                p / inp,
+                p % inp
+            );
+        }
+        Ok(Self {
+            out,
+            inp,
+            codes,
+            granularity,
+            scales,
+        })
+    }
+
+    /// Reads `{prefix}.weight` (F8_E4M3) and its scale from a safetensors file: a
+    /// `{prefix}.weight_scale_inv` of `[⌈out/128⌉, ⌈in/128⌉]` (Qwen3-*-FP8's blocks), or a
+    /// `{prefix}.scale_weight` scalar (ComfyUI's scaled FP8). Errors name the file and the
+    /// tensor.
+    pub fn from_safetensors(path: &Path, prefix: &str) -> Result<Self> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", path.display())))?;
+        let ctx = |what: &str| format!("{}: {prefix}.{what}", path.display());
+        let name = format!("{prefix}.weight");
+        let w = st
+            .tensor(&name)
+            .map_err(|_| candle_core::Error::Msg(format!("{}: no tensor", ctx("weight"))))?;
+        if w.dtype() != safetensors::Dtype::F8_E4M3 {
+            bail!("{}: dtype {:?}, expected F8_E4M3", ctx("weight"), w.dtype());
+        }
+        let [out, inp] = w.shape() else {
+            bail!(
+                "{}: shape {:?}, expected [out, in]",
+                ctx("weight"),
+                w.shape()
+            );
+        };
+        let (out, inp) = (*out, *inp);
+        let f32s = |t: &safetensors::tensor::TensorView, what: &str| -> Result<Vec<f32>> {
+            if t.dtype() != safetensors::Dtype::F32 {
+                bail!("{}: dtype {:?}, expected F32", ctx(what), t.dtype());
+            }
+            Ok(t.data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
+        };
+        let (granularity, scales) = if let Ok(t) = st.tensor(&format!("{prefix}.weight_scale_inv"))
+        {
+            let g = Granularity::BLOCK128;
+            let want = [out.div_ceil(128), inp.div_ceil(128)];
+            if t.shape() != want {
+                bail!(
+                    "{}: shape {:?}, expected {want:?} (128×128 blocks of [{out}, {inp}])",
+                    ctx("weight_scale_inv"),
+                    t.shape()
+                );
+            }
+            (g, f32s(&t, "weight_scale_inv")?)
+        } else if let Ok(t) = st.tensor(&format!("{prefix}.scale_weight")) {
+            if t.shape().iter().product::<usize>() != 1 {
+                bail!(
+                    "{}: shape {:?}, expected a scalar",
+                    ctx("scale_weight"),
+                    t.shape()
+                );
+            }
+            (Granularity::Tensor, f32s(&t, "scale_weight")?)
+        } else {
+            bail!(
+                "{}: no scale (weight_scale_inv for 128×128 blocks, or ComfyUI's scale_weight)",
+                ctx("weight")
+            );
+        };
+        Self::from_parts(out, inp, w.data().to_vec(), granularity, scales)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", ctx("weight"))))
+    }
+
+    pub fn shape(&self) -> (usize, usize) {
+        (self.out, self.inp)
+    }
+    pub fn codes(&self) -> &[u8] {
+        &self.codes
+    }
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    /// Bytes of codes plus scales.
+    pub fn storage_bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len()
+    }
+
+    /// The represented values `[out, inp]` in f32.
+    pub fn dequantize(&self, device: &Device) -> Result<Tensor> {
+        let (g, inp) = (self.granularity, self.inp);
+        let table = ElemFormat::E4M3.decode_table();
+        let v: Vec<f32> = self
+            .codes
+            .iter()
+            .enumerate()
+            .map(|(p, &c)| table[c as usize] * self.scales[g.scale_index(p / inp, p % inp, inp)])
+            .collect();
+        Tensor::from_vec(v, (self.out, self.inp), device)
+    }
+}
+
+/// The per-token FP8 values of `x [.., inp]` (each row with its own scale), in f32.
+pub fn quantize_activations(x: &Tensor) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let inp = *dims.last().unwrap_or(&0);
+    let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+        bail!(
+            "FP8 linear: input holds a non-finite value ({}) at flat index {p}",
+            v[p]
+        );
+    }
+    let mut q = Vec::with_capacity(v.len());
+    for row in v.chunks(inp.max(1)) {
+        let s = group_scale(row.iter().fold(0f32, |m, x| m.max(x.abs())));
+        q.extend(row.iter().map(|&x| quantize_with(x, s).1));
+    }
+    Tensor::from_vec(q, dims, &Device::Cpu)?.to_device(x.device())
+}
+
+/// A linear layer with FP8 weights and activations.
+#[derive(Clone, Debug)]
+pub struct Fp8Linear {
+    weight: Fp8Weight,
+    /// The weight's values `[out, inp]` f32, for the reference product.
+    values: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Fp8Linear {
+    pub fn new(weight: Fp8Weight, bias: Option<Tensor>, device: &Device) -> Result<Self> {
+        if let Some(b) = &bias {
+            if b.dims() != [weight.out] {
+                bail!("FP8 linear: bias {:?} for {} outputs", b.dims(), weight.out);
+            }
+        }
+        let values = weight.dequantize(device)?;
+        Ok(Self {
+            weight,
+            values,
+            bias,
+        })
+    }
+
+    pub fn weight(&self) -> &Fp8Weight {
+        &self.weight
+    }
+
+    /// `x [.., inp]` → `[.., out]` in x's dtype: the reference of the FP8 GEMM (the product
+    /// of the FP8 values accumulated in f32).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let inp = *dims.last().unwrap_or(&0);
+        if inp != self.weight.inp {
+            bail!(
+                "FP8 linear: input {:?} has {inp} features, the layer takes {}",
+                dims,
+                self.weight.inp
+            );
+        }
+        let rows = x.elem_count() / inp.max(1);
+        let a = quantize_activations(x)?.reshape((rows, inp))?;
+        let mut y = a.matmul(&self.values.t()?)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;
+        }
+        let mut out = dims;
+        *out.last_mut().expect("rank ≥ 1") = self.weight.out;
+        y.reshape(out)?.to_dtype(x.dtype())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_indices_cover_ragged_edges() {
+        let g = Granularity::BLOCK128;
+        assert_eq!(g.scale_count(40, 136), 2);
+        assert_eq!(g.scale_index(39, 127, 136), 0);
+        assert_eq!(g.scale_index(39, 128, 136), 1);
+        assert_eq!(g.scale_count(300, 300), 9);
+        assert_eq!(g.scale_index(299, 299, 300), 8);
+        assert_eq!(Granularity::Channel.scale_index(5, 9, 10), 5);
+    }
+}
