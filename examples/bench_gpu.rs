@@ -269,7 +269,7 @@ fn main() -> Result<()> {
 fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Result<()> {
     use mxattn::attention::attention_decode;
     use mxattn::mx::ScaleMode;
-    use mxattn_qwen3::{CacheFormat, KvFormat, LayerKvCache};
+    use mxattn_llm::{CacheFormat, KvFormat, LayerKvCache};
     let (b, hq, hkv, d) = (1usize, 32usize, 8usize, 128usize);
     println!();
     println!("| decode: context (b=1, hq/hkv 32/8, d 128) | KV cache | KV bytes | ms | GB/s of KV read | vs BF16 cache |");
@@ -340,7 +340,7 @@ fn stored_rows(
     rows: &mut Vec<serde_json::Value>,
 ) -> Result<()> {
     use mxattn::attention::{attention, attention_decode, preset, Algorithm};
-    use mxattn_qwen3::{CacheFormat, KvFormat, LayerKvCache};
+    use mxattn_llm::{CacheFormat, KvFormat, LayerKvCache};
     println!();
     println!("| decode: context | config (cache in its formats) | cache as stored: ms | dequantize + op: ms | stored / dequantize |");
     println!("|---|---|---|---|---|");

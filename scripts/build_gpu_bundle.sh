@@ -29,8 +29,8 @@ for l in sys.stdin:
 }
 packed=()
 cp "$(gpu_test_bin)" .gpu/gpu; packed+=(.gpu/gpu)
-cargo build --release --features cuda --example bench_gpu --example qwen3 --example wan22 --example wan_transformer --bin wan_fidelity
-for e in bench_gpu qwen3 wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
+cargo build --release --features cuda --example bench_gpu --example chat --example wan22 --example wan_transformer --bin wan_fidelity
+for e in bench_gpu chat wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
 cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity; packed+=(.gpu/wan_fidelity)
 if [ "${BUNDLE_NCCL:-0}" = 1 ]; then
   cargo build --release -p mxattn-examples --features nccl --example wan22

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parity fixtures for mxattn's Qwen3 port, made with Hugging Face transformers.
 
-Writes, under crates/qwen3/tests/fixtures/ (run from the repository root):
+Writes, under crates/llm/tests/fixtures/ (run from the repository root):
 
   qwen3/tiny/        a tiny random Qwen3 (untied embeddings), save_pretrained: config.json
                      + model.safetensors
@@ -21,7 +21,7 @@ tokenizer, so prompts are token ids.
 
 Set-up:  python3 -m venv .venv-py && .venv-py/bin/pip install torch transformers safetensors numpy
 Run:     .venv-py/bin/python scripts/gen_qwen3_fixtures.py \
-             --tokenizer-dir crates/qwen3/tests/fixtures/qwen3_tokenizer
+             --tokenizer-dir crates/llm/tests/fixtures/qwen3_tokenizer
 """
 
 import argparse
@@ -165,7 +165,7 @@ def tokenizer_cases(tok_dir, out_path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="crates/qwen3/tests/fixtures/qwen3")
+    ap.add_argument("--out", default="crates/llm/tests/fixtures/qwen3")
     ap.add_argument("--tokenizer-dir", help="directory with tokenizer.json and tokenizer_config.json")
     a = ap.parse_args()
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ for ctx in ${QWEN3_CONTEXTS:-1024 4096 32768}; do
   IFS=';' read -ra ATTNS <<< "${QWEN3_ATTNS:---attn exact;--attn kv-mxfp8;--attn kv-mxfp4;--attn mxfp8;--attn mxfp4;--attn-schedule hybrid}"
   for attn in "${ATTNS[@]}"; do
     log="$OUT/qwen3_${ctx}_$(echo "$attn" | tr -c 'a-z0-9' '_').txt"
-    timeout "${QWEN3_TIMEOUT:-150}" ./.gpu/qwen3 --random-weights --model Qwen/Qwen3-8B --device cuda --dtype bf16 \
+    timeout "${QWEN3_TIMEOUT:-150}" ./.gpu/chat --random-weights --model Qwen/Qwen3-8B --device cuda --dtype bf16 \
       --prompt-len "$ctx" --max-tokens 32 --ignore-eos --greedy --quiet $attn > "$log" 2>&1
     pre=$(grep -o "prefill: .*" "$log" | sed 's/.*= //')
     dec=$(grep -o "decode: .*" "$log" | sed 's/.*= //; s/ (.*//')

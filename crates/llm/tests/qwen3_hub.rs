@@ -4,8 +4,8 @@
 #![cfg(feature = "hub")]
 
 use candle_core::{DType, Device, Tensor};
-use mxattn_qwen3::loading::{self, ModelSource};
-use mxattn_qwen3::{CheckpointFiles, ScheduleSpec};
+use mxattn_llm::loading::{self, ModelSource};
+use mxattn_llm::{CheckpointFiles, ScheduleSpec};
 use std::path::Path;
 
 #[test]

@@ -1,5 +1,6 @@
-//! Quality of attention schedules on a Qwen3 checkpoint, each against the BF16 exact run
-//! of the same model (models.md §C1):
+//! Quality of attention schedules on a decoder LLM (a Qwen3/Llama checkpoint directory, or
+//! a GGUF such as SmolLM2), each against the BF16 exact run of the same model (models.md
+//! §C1):
 //!
 //! * perplexity on a public-domain English text (default: *Pride and Prejudice* ch. 1–12,
 //!   23,931 Qwen3 tokens, embedded; `evals/data/README.md`), teacher forced in windows of
@@ -10,8 +11,9 @@
 //!   the text, `--gen-len` greedy tokens each; how many leading tokens equal the baseline's.
 //!
 //! ```text
-//! cargo run --release --bin qwen3_quality -- --model-dir DIR
-//! cargo run --release --bin qwen3_quality -- --model-dir DIR --schedule hybrid --schedule mxfp4
+//! cargo run --release --bin llm_quality -- --smollm2          # after scripts/fetch_smollm2.sh
+//! cargo run --release --bin llm_quality -- --model-dir DIR
+//! cargo run --release --bin llm_quality -- --model-dir DIR --schedule hybrid --schedule mxfp4
 //! ```
 //!
 //! On the tiny test checkpoints (vocab 512) use `--tokenizer bytes` (one token per UTF-8
@@ -20,11 +22,12 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use clap::{CommandFactory, FromArgMatches, Parser};
+use mxattn::attention::{Algorithm, FusedProbs};
 use mxattn_cli::{progress_bar, DeviceArgs};
-use mxattn_qwen3::generation::greedy;
-use mxattn_qwen3::loading::{self, ModelSource};
-use mxattn_qwen3::schedule::schedule_help;
-use mxattn_qwen3::{chat, Qwen3, Schedule, ScheduleSpec};
+use mxattn_llm::generation::greedy;
+use mxattn_llm::loading::{self, ModelSource};
+use mxattn_llm::schedule::schedule_help;
+use mxattn_llm::{chat, smollm2, CausalLm, Schedule, ScheduleSpec};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,18 +47,24 @@ const DEFAULT_SCHEDULES: &[&str] = &[
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "qwen3_quality",
-    about = "Perplexity, KL, top-1 agreement and greedy match of attention schedules vs the BF16 exact run"
+    name = "llm_quality",
+    about = "Perplexity, KL, top-1 agreement and greedy match of attention schedules vs the BF16 exact run of a decoder LLM"
 )]
 struct Args {
     /// Checkpoint directory (config.json, safetensors, tokenizer.json).
+    #[arg(long, required_unless_present_any = ["gguf", "smollm2"], conflicts_with_all = ["gguf", "smollm2"])]
+    model_dir: Option<PathBuf>,
+    /// A GGUF file instead (tokenizer from the file).
+    #[arg(long, conflicts_with = "smollm2")]
+    gguf: Option<PathBuf>,
+    /// SmolLM2-135M-Instruct from where scripts/fetch_smollm2.sh put it.
     #[arg(long)]
-    model_dir: PathBuf,
+    smollm2: bool,
     /// Text to score (default: the embedded Pride and Prejudice ch. 1-12).
     #[arg(long)]
     text: Option<PathBuf>,
     /// tokenizer.json, or `bytes` (one token per UTF-8 byte; vocab ≥ 256). Default: the
-    /// checkpoint's tokenizer.json.
+    /// checkpoint's tokenizer.json, or the GGUF's tokenizer.
     #[arg(long)]
     tokenizer: Option<String>,
     /// A schedule to evaluate (repeatable; grammar below). Default: kv-mxfp8, kv-mxfp4,
@@ -86,9 +95,31 @@ struct Args {
     gen_len: usize,
     #[command(flatten)]
     dev: DeviceArgs,
+    /// Override the P generation of every Fused-Softmax layer of the evaluated schedules
+    /// (not the baseline): `u8` (the 8-bit code) or `fp32` (the f32 bit pattern). Default:
+    /// each preset's own (fp32 for fused-mxfp8, u8 for fused-mxfp6/4).
+    #[arg(long, value_parser = ["u8", "fp32"])]
+    fused_probs: Option<String>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// `s` with every Fused-Softmax layer's P generation set to `p` (its name tagged).
+fn with_fused_probs(s: &Schedule, p: FusedProbs, tag: &str) -> Schedule {
+    Schedule::from_layers(
+        (0..s.len())
+            .map(|i| {
+                let mut spec = s.layer(i).clone();
+                let mut name = s.layer_name(i).to_string();
+                if let Algorithm::FusedSoftmax(f) = &mut spec.attn.algorithm {
+                    f.probs = p;
+                    name.push_str(tag);
+                }
+                (name, spec)
+            })
+            .collect(),
+    )
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -110,7 +141,7 @@ struct Row {
 
 #[derive(Serialize)]
 struct Report {
-    model_dir: String,
+    model: String,
     text: String,
     text_tokens: usize,
     scored_positions: usize,
@@ -158,7 +189,7 @@ fn windows(n: usize, seq_len: usize, stride: usize) -> Vec<(usize, usize, usize)
 }
 
 /// Log-probabilities `[rows, vocab]` of the rows predicting targets `first..end`.
-fn window_logprobs(model: &mut Qwen3, ids: &[u32], w: (usize, usize, usize)) -> Result<Tensor> {
+fn window_logprobs(model: &mut CausalLm, ids: &[u32], w: (usize, usize, usize)) -> Result<Tensor> {
     let (s, e, first) = w;
     model.clear_kv_cache();
     let input = Tensor::new(&ids[s..e], model.device())?.unsqueeze(0)?;
@@ -195,20 +226,48 @@ fn main() -> Result<()> {
         .map(|n| ScheduleSpec::parse(n))
         .collect::<candle_core::Result<_>>()?;
 
-    let opened = loading::open(
-        &ModelSource::Dir(a.model_dir.clone()),
-        &baseline,
-        dtype,
-        &device,
-    )?;
+    let source = match (&a.model_dir, &a.gguf, a.smollm2) {
+        (Some(d), _, _) => ModelSource::Dir(d.clone()),
+        (None, Some(g), _) => ModelSource::Gguf(g.clone()),
+        (None, None, true) => ModelSource::Gguf(smollm2::find().with_context(|| {
+            format!(
+                "--smollm2: no GGUF at {:?}; run scripts/fetch_smollm2.sh first",
+                smollm2::default_path()
+            )
+        })?),
+        (None, None, false) => bail!("give --model-dir DIR, --gguf FILE or --smollm2"),
+    };
+    // the last path component: reports name the model, not this machine's folders
+    let model_name = match &source {
+        ModelSource::Dir(p) | ModelSource::Gguf(p) => p.file_name().map_or_else(
+            || p.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        ),
+        _ => unreachable!("only directories and GGUF files are evaluated"),
+    };
+    let opened = loading::open(&source, &baseline, dtype, &device)?;
     let mut model = opened.model;
     let n_layers = model.config().num_hidden_layers;
     let vocab = model.config().vocab_size;
     let base_sched = baseline.resolve(n_layers)?;
-    let scheds: Vec<Schedule> = specs
+    let mut scheds: Vec<Schedule> = specs
         .iter()
         .map(|s| s.resolve(n_layers))
         .collect::<candle_core::Result<_>>()?;
+    let mut names = names;
+    if let Some(p) = a.fused_probs.as_deref() {
+        let (probs, tag) = match p {
+            "u8" => (FusedProbs::U8Code, "/u8"),
+            _ => (FusedProbs::Fp32Bits, "/fp32"),
+        };
+        scheds = scheds
+            .iter()
+            .map(|s| with_fused_probs(s, probs, tag))
+            .collect();
+        for n in &mut names {
+            n.push_str(&format!(" (fused P: {p})"));
+        }
+    }
 
     let (text, text_name) = match &a.text {
         Some(p) => (
@@ -222,18 +281,14 @@ fn main() -> Result<()> {
     };
     let mut ids: Vec<u32> = match a.tokenizer.as_deref() {
         Some("bytes") => text.bytes().map(u32::from).collect(),
-        other => {
-            let p = match other {
-                Some(p) => PathBuf::from(p),
-                None => opened.tokenizer.clone().with_context(|| {
-                    format!(
-                        "{}: no tokenizer.json; pass --tokenizer PATH (or `bytes`)",
-                        a.model_dir.display()
-                    )
-                })?,
-            };
-            chat::encode(&chat::load_tokenizer(&p)?, &text)?
-        }
+        Some(p) => chat::encode(&chat::load_tokenizer(p)?, &text)?,
+        None => match (&opened.tokenizer, &opened.gguf) {
+            (Some(p), _) => chat::encode(&chat::load_tokenizer(p)?, &text)?,
+            (None, Some(g)) => chat::encode(&g.tokenizer()?, &text)?,
+            (None, None) => {
+                bail!("{model_name}: no tokenizer.json; pass --tokenizer PATH (or `bytes`)")
+            }
+        },
     };
     if let Some(m) = a.max_tokens {
         ids.truncate(m);
@@ -262,7 +317,7 @@ fn main() -> Result<()> {
     let scored: usize = wins.iter().map(|w| w.1 - w.2).sum();
     println!(
         "{}: {} layers, {dtype:?} on {device:?}; text: {text_name}, {} tokens, {} windows of ≤ {} (stride {}), {scored} scored",
-        a.model_dir.display(),
+        model_name,
         n_layers,
         ids.len(),
         wins.len(),
@@ -391,7 +446,7 @@ fn main() -> Result<()> {
     }
     if let Some(p) = &a.json {
         let rep = Report {
-            model_dir: a.model_dir.display().to_string(),
+            model: model_name.clone(),
             text: text_name,
             text_tokens: ids.len(),
             scored_positions: base.n,

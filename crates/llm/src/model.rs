@@ -1,4 +1,4 @@
-//! The Qwen3 decoder with mxattn attention in every layer.
+//! The decoder (Qwen3, Llama, Qwen2: [`crate::config::Arch`]) with mxattn attention in every layer.
 //!
 //! Adapted from candle-transformers 0.11.1 `src/models/qwen3.rs` (Apache-2.0 / MIT,
 //! Copyright the Candle authors; <https://github.com/huggingface/candle>). Changes:
@@ -7,12 +7,16 @@
 //! the layer's format) instead of `ConcatKvCache`; positions come from the cache length;
 //! logits are available for every position, not only the last; RoPE frequencies are
 //! computed in f32 as transformers does; optional Hadamard rotation of q/k for
-//! Fused-Softmax layers; errors instead of panics for out-of-range positions.
+//! Fused-Softmax layers; errors instead of panics for out-of-range positions; the q/k norm
+//! and the q/k/v biases are switches of the config, so one decoder serves Qwen3, Llama and
+//! Qwen2.
 //!
-//! Architecture (transformers `modeling_qwen3.py`): pre-RMSNorm blocks; q/k/v/o
-//! projections; RMSNorm over head_dim on each q and k head **before** RoPE;
-//! non-interleaved (`rotate_half`) RoPE; GQA; SwiGLU MLP `down(silu(gate x) · up x)`;
-//! final RMSNorm; `lm_head` (tied to the embeddings in the small sizes).
+//! Architecture (transformers `modeling_qwen3.py` / `modeling_llama.py` /
+//! `modeling_qwen2.py`): pre-RMSNorm blocks; q/k/v/o projections (q/k/v biases in Qwen2);
+//! in Qwen3 only, RMSNorm over head_dim on each q and k head **before** RoPE;
+//! non-interleaved (`rotate_half`) RoPE (GGUF files are converted to it on loading); GQA;
+//! SwiGLU MLP `down(silu(gate x) · up x)`; final RMSNorm; `lm_head` (tied to the
+//! embeddings in the small sizes).
 
 use super::config::Config;
 use super::kv_cache::LayerKvCache;
@@ -57,7 +61,7 @@ impl Rotary {
         let l = q.dim(2)?;
         if offset + l > self.max_pos {
             bail!(
-                "qwen3: positions {offset}..{} exceed max_position_embeddings ({})",
+                "decoder: positions {offset}..{} exceed max_position_embeddings ({})",
                 offset + l,
                 self.max_pos
             );
@@ -75,7 +79,7 @@ impl Rotary {
 /// It is symmetric, so `x · H` rotates the rows of `x`.
 fn hadamard_matrix(d: usize, dev: &Device) -> Result<Tensor> {
     if !d.is_power_of_two() {
-        bail!("qwen3: the Hadamard rotation needs a power-of-two head dim, got {d}");
+        bail!("decoder: the Hadamard rotation needs a power-of-two head dim, got {d}");
     }
     let mut data = vec![0f32; d * d];
     for (j, row) in data.chunks_mut(d).enumerate() {
@@ -117,8 +121,8 @@ struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
+    /// Qwen3's per-head norms (none in Llama and Qwen2).
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -129,6 +133,20 @@ struct Attention {
     cache: LayerKvCache,
     /// layer index, for error messages
     index: usize,
+    /// When on, the last forward's attention inputs (real-activation evals).
+    capture: bool,
+    captured: Option<Qkv>,
+}
+
+/// One layer's attention inputs from one forward call, as the attention op received them:
+/// q `[b, hq, l, d]` and k `[b, hkv, l, d]` after RoPE (and after the model-side Hadamard
+/// rotation of Fused-Softmax layers), v `[b, hkv, l, d]`. These are the new tokens only;
+/// after a prefill from an empty cache they are the whole sequence.
+#[derive(Clone, Debug)]
+pub struct Qkv {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
 }
 
 impl Attention {
@@ -141,15 +159,22 @@ impl Attention {
     ) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let bias = cfg.attention_bias;
+        let (qkv_bias, o_bias) = (cfg.qkv_bias(), cfg.o_bias());
         let hadamard = Self::hadamard_for(&spec, d, vb.device())?;
+        let qk_norm = if cfg.qk_norm() {
+            Some((
+                rms_norm(d, cfg.rms_norm_eps, vb.pp("q_norm"))?,
+                rms_norm(d, cfg.rms_norm_eps, vb.pp("k_norm"))?,
+            ))
+        } else {
+            None
+        };
         Ok(Self {
-            q_proj: linear_b(h, nh * d, bias, vb.pp("q_proj"))?,
-            k_proj: linear_b(h, nkv * d, bias, vb.pp("k_proj"))?,
-            v_proj: linear_b(h, nkv * d, bias, vb.pp("v_proj"))?,
-            o_proj: linear_b(nh * d, h, bias, vb.pp("o_proj"))?,
-            q_norm: rms_norm(d, cfg.rms_norm_eps, vb.pp("q_norm"))?,
-            k_norm: rms_norm(d, cfg.rms_norm_eps, vb.pp("k_norm"))?,
+            q_proj: linear_b(h, nh * d, qkv_bias, vb.pp("q_proj"))?,
+            k_proj: linear_b(h, nkv * d, qkv_bias, vb.pp("k_proj"))?,
+            v_proj: linear_b(h, nkv * d, qkv_bias, vb.pp("v_proj"))?,
+            o_proj: linear_b(nh * d, h, o_bias, vb.pp("o_proj"))?,
+            qk_norm,
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: d,
@@ -158,6 +183,8 @@ impl Attention {
             spec,
             hadamard,
             index,
+            capture: false,
+            captured: None,
         })
     }
 
@@ -203,24 +230,35 @@ impl Attention {
             .apply(&self.v_proj)?
             .reshape((b, l, nkv, d))?
             .transpose(1, 2)?;
-        // per-head RMSNorm over head_dim, before RoPE
-        let q = self
-            .q_norm
-            .forward(&q.contiguous()?.flatten(0, 2)?)?
-            .reshape((b, nh, l, d))?;
-        let k = self
-            .k_norm
-            .forward(&k.contiguous()?.flatten(0, 2)?)?
-            .reshape((b, nkv, l, d))?;
+        // Qwen3: per-head RMSNorm over head_dim, before RoPE
+        let (q, k) = match &self.qk_norm {
+            Some((q_norm, k_norm)) => (
+                q_norm
+                    .forward(&q.contiguous()?.flatten(0, 2)?)?
+                    .reshape((b, nh, l, d))?,
+                k_norm
+                    .forward(&k.contiguous()?.flatten(0, 2)?)?
+                    .reshape((b, nkv, l, d))?,
+            ),
+            None => (q, k),
+        };
         let (q, k) = self.rotary.apply(&q, &k, offset)?;
         let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
-        self.cache.push(&k, &v.contiguous()?)?;
+        let v = v.contiguous()?;
+        if self.capture {
+            self.captured = Some(Qkv {
+                q: q.clone(),
+                k: k.clone(),
+                v: v.clone(),
+            });
+        }
+        self.cache.push(&k, &v)?;
         let cfg = self.spec.attn.clone().with_causal(true);
         // The cache as stored: a decode step on CUDA reads MX codes directly; otherwise
         // the views are dequantized and the attention op runs on them.
         let (kv, vv) = (self.cache.k_view()?, self.cache.v_view()?);
         let (Some(kv), Some(vv)) = (kv, vv) else {
-            bail!("qwen3 layer {}: empty KV cache after an append", self.index);
+            bail!("layer {}: empty KV cache after an append", self.index);
         };
         // The op's checks stay on the device (no synchronization per layer); the model's
         // forward reads them once at its end.
@@ -229,7 +267,7 @@ impl Attention {
             ..Default::default()
         };
         let o = attention_decode_ext(&q, &kv, &vv, &cfg, &opts).map_err(|e| {
-            candle_core::Error::Msg(format!("qwen3 layer {} ({}): {e}", self.index, cfg.label()))
+            candle_core::Error::Msg(format!("layer {} ({}): {e}", self.index, cfg.label()))
         })?;
         o.transpose(1, 2)?
             .reshape((b, l, nh * d))?
@@ -273,11 +311,11 @@ impl DecoderLayer {
     }
 }
 
-/// Qwen3 for causal LM, with a KV cache per layer. Each forward call continues the
-/// sequence the caches hold (positions start at [`Qwen3::seq_len`]); call
-/// [`Qwen3::clear_kv_cache`] to start a new one.
+/// The decoder for causal LM, with a KV cache per layer. Each forward call continues the
+/// sequence the caches hold (positions start at [`CausalLm::seq_len`]); call
+/// [`CausalLm::clear_kv_cache`] to start a new one.
 #[derive(Debug)]
-pub struct Qwen3 {
+pub struct CausalLm {
     cfg: Config,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
@@ -287,19 +325,19 @@ pub struct Qwen3 {
     dtype: DType,
 }
 
-impl Qwen3 {
+impl CausalLm {
     /// Builds the model from `vb` (weights under `model.*` and `lm_head`) with one spec
     /// per layer.
     pub fn new(cfg: &Config, schedule: &Schedule, vb: VarBuilder) -> Result<Self> {
         if !matches!(vb.dtype(), DType::F32 | DType::BF16 | DType::F16) {
             bail!(
-                "qwen3: dtype {:?} is not supported (use f32, bf16 or f16)",
+                "decoder: dtype {:?} is not supported (use f32, bf16 or f16)",
                 vb.dtype()
             );
         }
         if schedule.len() != cfg.num_hidden_layers {
             bail!(
-                "qwen3: the schedule has {} layers, the model {}",
+                "decoder: the schedule has {} layers, the model {}",
                 schedule.len(),
                 cfg.num_hidden_layers
             );
@@ -359,7 +397,7 @@ impl Qwen3 {
     pub fn set_schedule(&mut self, schedule: &Schedule) -> Result<()> {
         if schedule.len() != self.layers.len() {
             bail!(
-                "qwen3: the schedule has {} layers, the model {}",
+                "decoder: the schedule has {} layers, the model {}",
                 schedule.len(),
                 self.layers.len()
             );
@@ -373,6 +411,26 @@ impl Qwen3 {
     /// The spec of layer `i`.
     pub fn layer_spec(&self, i: usize) -> &LayerSpec {
         &self.layers[i].attn.spec
+    }
+
+    /// Keeps (`on`) or stops keeping each layer's attention inputs of the latest forward
+    /// call (see [`Qkv`]); off drops what was kept.
+    pub fn set_capture(&mut self, on: bool) {
+        for l in &mut self.layers {
+            l.attn.capture = on;
+            if !on {
+                l.attn.captured = None;
+            }
+        }
+    }
+
+    /// The attention inputs of every layer from the latest forward call with capture on
+    /// (`None` for a layer that has none), leaving none kept.
+    pub fn take_captured(&mut self) -> Vec<Option<Qkv>> {
+        self.layers
+            .iter_mut()
+            .map(|l| l.attn.captured.take())
+            .collect()
     }
 
     /// The KV cache of layer `i` (for kernels that read its codes directly).
@@ -398,7 +456,7 @@ impl Qwen3 {
     pub fn forward_hidden(&mut self, input: &Tensor) -> Result<Tensor> {
         let (_, l) = input.dims2()?;
         if l == 0 {
-            bail!("qwen3: empty input");
+            bail!("decoder: empty input");
         }
         self.check_ids(input)?;
         let mut h = self.embed_tokens.forward(input)?;
@@ -408,7 +466,7 @@ impl Qwen3 {
         // the layers' deferred attention checks (non-finite inputs, overflow): one read per
         // forward, none when every layer ran the decode kernel
         mxattn::attention::check_device(h.device())
-            .map_err(|e| candle_core::Error::Msg(format!("qwen3 forward: {e}")))?;
+            .map_err(|e| candle_core::Error::Msg(format!("forward: {e}")))?;
         self.norm.forward(&h)
     }
 
@@ -435,7 +493,7 @@ impl Qwen3 {
         let max = max.to_scalar::<u32>()? as usize;
         if max >= self.cfg.vocab_size {
             bail!(
-                "qwen3: token id {max} is outside the vocabulary (vocab_size {})",
+                "decoder: token id {max} is outside the vocabulary (vocab_size {})",
                 self.cfg.vocab_size
             );
         }

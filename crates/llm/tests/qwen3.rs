@@ -6,10 +6,12 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use mxattn::attention::PRESETS as LAYER_PRESETS;
 use mxattn::attention::{attention, AttentionConfig};
 use mxattn::mx::{ElemFormat, ScaleMode};
-use mxattn_qwen3::generation::greedy;
-use mxattn_qwen3::kv_cache::{CacheFormat, KvFormat, LayerKvCache};
-use mxattn_qwen3::schedule::SCHEDULE_PRESETS;
-use mxattn_qwen3::{layer_preset, loading, CheckpointFiles, Config, Qwen3, Schedule, ScheduleSpec};
+use mxattn_llm::generation::greedy;
+use mxattn_llm::kv_cache::{CacheFormat, KvFormat, LayerKvCache};
+use mxattn_llm::schedule::SCHEDULE_PRESETS;
+use mxattn_llm::{
+    layer_preset, loading, CausalLm, CheckpointFiles, Config, Schedule, ScheduleSpec,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -49,7 +51,7 @@ fn expected(model: &str) -> Expected {
     }
 }
 
-fn load(model: &str, schedule: &str, dtype: DType) -> Qwen3 {
+fn load(model: &str, schedule: &str, dtype: DType) -> CausalLm {
     let files = CheckpointFiles::from_dir(fixture_dir(model)).unwrap();
     let cfg = Config::from_file(&files.component.config).unwrap();
     let s = ScheduleSpec::parse(schedule)
@@ -219,10 +221,10 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// [`mxattn::oracle::rounding_budget`] of the layer's config, plus a cache's K and V stored
 /// in another format than the op quantizes them to (a cache in the op's own operand format
 /// rounds nothing more: MX quantization is a fixed point of itself; see
-/// crates/qwen3/src/kv_cache.rs).
-fn rounding_budget(spec: &mxattn_qwen3::LayerSpec) -> f64 {
+/// crates/llm/src/kv_cache.rs).
+fn rounding_budget(spec: &mxattn_llm::LayerSpec) -> f64 {
     use mxattn::attention::OperandFormat;
-    use mxattn_qwen3::CacheFormat;
+    use mxattn_llm::CacheFormat;
     let a = &spec.attn;
     let cache = |c: CacheFormat, f: OperandFormat| match (c, f) {
         (CacheFormat::Mx { elem, .. }, OperandFormat::Mx { elem: e, .. }) if elem == e => 0.0,
@@ -435,7 +437,7 @@ fn schedule_grammar_assigns_layers() {
 /// that, written out and so not clamped, it picks what the preset picks at 5 and 36 layers.
 #[test]
 fn the_help_example_is_what_it_says() {
-    let help = mxattn_qwen3::schedule::schedule_help();
+    let help = mxattn_llm::schedule::schedule_help();
     let line = help
         .lines()
         .find_map(|l| l.strip_prefix("Example: "))
@@ -825,7 +827,7 @@ fn batched_prompts_match_single_runs() {
 /// full 32-key blocks plus the raw tail, and the same values `dequantized` gives.
 #[test]
 fn cache_views_expose_codes_scales_and_the_tail() {
-    use mxattn_qwen3::CachedOperand;
+    use mxattn_llm::CachedOperand;
     let (b, h, n, d) = (1, 2, 77, 64);
     let k = rand((b, h, n, d), 21);
     let v = rand((b, h, n, d), 22);

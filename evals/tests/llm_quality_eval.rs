@@ -1,9 +1,9 @@
-//! `qwen3_quality` on the tiny fixture checkpoint: the code path runs end to end, a
+//! `llm_quality` on the tiny fixture checkpoint: the code path runs end to end, a
 //! schedule equal to the baseline scores as identical, and the perplexity is the one
 //! computed here directly from the model's logits.
 
 use candle_core::{DType, Device, Tensor, D};
-use mxattn_qwen3::{loading, CheckpointFiles, Config, ScheduleSpec};
+use mxattn_llm::{loading, CheckpointFiles, Config, ScheduleSpec};
 use std::path::Path;
 use std::process::Command;
 
@@ -13,7 +13,7 @@ fn root() -> &'static Path {
 
 #[test]
 fn quality_eval_runs_on_the_tiny_checkpoint() {
-    let dir = root().join("../crates/qwen3/tests/fixtures/qwen3/tiny");
+    let dir = root().join("../crates/llm/tests/fixtures/qwen3/tiny");
     let out = std::env::temp_dir().join(format!("mxattn-qwen3-eval-{}.json", std::process::id()));
     // 100 byte tokens, one window: the perplexity can be recomputed below
     let text: String = root()
@@ -21,7 +21,7 @@ fn quality_eval_runs_on_the_tiny_checkpoint() {
         .to_str()
         .unwrap()
         .into();
-    let status = Command::new(env!("CARGO_BIN_EXE_qwen3_quality"))
+    let status = Command::new(env!("CARGO_BIN_EXE_llm_quality"))
         .args(["--model-dir", dir.to_str().unwrap()])
         .args([
             "--text",
@@ -100,4 +100,46 @@ fn quality_eval_runs_on_the_tiny_checkpoint() {
     let ppl = (nll / 99.0).exp();
     let got = f(same, "ppl_baseline");
     assert!((got - ppl).abs() < 1e-6 * ppl, "{got} vs {ppl}");
+}
+
+/// `--fused-probs` reaches the Fused-Softmax layers and only them: the fused schedule's
+/// row changes with it, the mxfp4 row does not.
+#[test]
+fn fused_probs_override_changes_only_fused_layers() {
+    let dir = root().join("../crates/llm/tests/fixtures/qwen3/tiny");
+    let text = root().join("data/pride_and_prejudice_ch1-12.txt");
+    let run = |probs: &str| -> serde_json::Value {
+        let out = std::env::temp_dir().join(format!(
+            "mxattn-llm-eval-probs-{probs}-{}.json",
+            std::process::id()
+        ));
+        let status = Command::new(env!("CARGO_BIN_EXE_llm_quality"))
+            .args(["--model-dir", dir.to_str().unwrap()])
+            .args(["--text", text.to_str().unwrap(), "--tokenizer", "bytes"])
+            .args(["--max-tokens", "100", "--seq-len", "128", "--stride", "64"])
+            .args(["--prompts", "1", "--prompt-len", "16", "--gen-len", "4"])
+            .args(["--schedule", "fused-mxfp8", "--schedule", "mxfp4"])
+            .args(["--fused-probs", probs])
+            .args(["--json", out.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let rep = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&out);
+        rep
+    };
+    let (a, b) = (run("u8"), run("fp32"));
+    let kl = |r: &serde_json::Value, i: usize| r["rows"][i]["mean_kl"].as_f64().unwrap();
+    assert_ne!(
+        kl(&a, 0),
+        kl(&b, 0),
+        "the fused row must follow --fused-probs"
+    );
+    assert_eq!(
+        kl(&a, 1),
+        kl(&b, 1),
+        "the mxfp4 row has no Fused-Softmax layer"
+    );
+    assert_eq!(a["rows"][0]["layers"], "fused-mxfp8/u8: 0-1");
+    assert_eq!(b["rows"][0]["schedule"], "fused-mxfp8 (fused P: fp32)");
 }

@@ -8,7 +8,7 @@
 //! the tensor (candle's own messages name only one of the two).
 
 use super::config::Config;
-use super::model::Qwen3;
+use super::model::CausalLm;
 use super::schedule::Schedule;
 use candle_core::{DType, Device, Result};
 use mxattn_checkpoint::{build_from, random_var_builder, ComponentFiles, Init, TensorScan};
@@ -49,7 +49,7 @@ impl CheckpointFiles {
     }
 }
 
-/// Every tensor a Qwen3 of `cfg` loads, with its shape.
+/// Every tensor a decoder of `cfg` loads (Hugging Face names), with its shape.
 pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
@@ -66,14 +66,18 @@ pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
         push("self_attn.k_proj.weight", vec![nkv * d, h]);
         push("self_attn.v_proj.weight", vec![nkv * d, h]);
         push("self_attn.o_proj.weight", vec![h, nh * d]);
-        if cfg.attention_bias {
+        if cfg.qkv_bias() {
             push("self_attn.q_proj.bias", vec![nh * d]);
             push("self_attn.k_proj.bias", vec![nkv * d]);
             push("self_attn.v_proj.bias", vec![nkv * d]);
+        }
+        if cfg.o_bias() {
             push("self_attn.o_proj.bias", vec![h]);
         }
-        push("self_attn.q_norm.weight", vec![d]);
-        push("self_attn.k_norm.weight", vec![d]);
+        if cfg.qk_norm() {
+            push("self_attn.q_norm.weight", vec![d]);
+            push("self_attn.k_norm.weight", vec![d]);
+        }
         push("mlp.gate_proj.weight", vec![i, h]);
         push("mlp.up_proj.weight", vec![i, h]);
         push("mlp.down_proj.weight", vec![h, i]);
@@ -102,10 +106,10 @@ pub fn load(
     schedule: &Schedule,
     dtype: DType,
     device: &Device,
-) -> Result<Qwen3> {
+) -> Result<CausalLm> {
     check_checkpoint(cfg, files)?;
     build_from(&files.component, "Qwen3", dtype, device, |vb| {
-        Qwen3::new(cfg, schedule, vb)
+        CausalLm::new(cfg, schedule, vb)
     })
 }
 
@@ -121,7 +125,7 @@ pub fn random(
     dtype: DType,
     device: &Device,
     seed: u64,
-) -> Result<Qwen3> {
+) -> Result<CausalLm> {
     let init = |name: &str, _: &[usize]| {
         let how = if name.ends_with("norm.weight") {
             Init::Ones
@@ -133,7 +137,7 @@ pub fn random(
         (how, dtype)
     };
     let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
-    Qwen3::new(cfg, schedule, vb)
+    CausalLm::new(cfg, schedule, vb)
 }
 
 /// Where the weights come from.
@@ -148,12 +152,16 @@ pub enum ModelSource {
     },
     /// Random weights for `config`.
     Random { config: Box<Config>, seed: u64 },
+    /// A GGUF file (weights dequantized to the dtype; tokenizer and chat template inside).
+    Gguf(PathBuf),
 }
 
 /// A model ready to run, with its tokenizer file when the source has one.
 pub struct Opened {
-    pub model: Qwen3,
+    pub model: CausalLm,
     pub tokenizer: Option<PathBuf>,
+    /// The open GGUF file, when the source is one: its tokenizer and chat template.
+    pub gguf: Option<crate::gguf::GgufFile>,
     /// What was loaded, for logs.
     pub description: String,
 }
@@ -172,6 +180,7 @@ pub fn open(
         Ok(Opened {
             model,
             tokenizer: files.tokenizer.clone(),
+            gguf: None,
             description: what,
         })
     };
@@ -198,12 +207,32 @@ pub fn open(
             Ok(Opened {
                 model,
                 tokenizer: None,
+                gguf: None,
                 description: format!(
                     "random weights ({} layers, hidden {}, {:.2} B parameters, seed {seed})",
                     config.num_hidden_layers,
                     config.hidden_size,
                     config.num_parameters() as f64 / 1e9
                 ),
+            })
+        }
+        ModelSource::Gguf(p) => {
+            let g = crate::gguf::GgufFile::open(p)?;
+            let cfg = g.config()?;
+            let s = schedule.resolve(cfg.num_hidden_layers)?;
+            let model = g.load(&s, dtype, device)?;
+            let name = g.get_str("general.name").unwrap_or("model").to_string();
+            Ok(Opened {
+                model,
+                tokenizer: None,
+                description: format!(
+                    "{name} ({}, {} layers, hidden {}) from {}",
+                    cfg.arch.name(),
+                    cfg.num_hidden_layers,
+                    cfg.hidden_size,
+                    p.display()
+                ),
+                gguf: Some(g),
             })
         }
     }

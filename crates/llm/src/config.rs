@@ -1,4 +1,10 @@
-//! The Qwen3 `config.json`, as Hugging Face transformers writes it.
+//! The decoder's config: a `config.json` as Hugging Face transformers writes it (Qwen3,
+//! Llama, Qwen2), or the metadata of a GGUF file ([`crate::gguf`]).
+//!
+//! The three architectures are one decoder with two switches: Qwen3 has an RMSNorm over
+//! head_dim on every q and k head; Qwen2 has biases on the q, k and v projections (not on
+//! o); Llama has neither (its `attention_bias` puts biases on all four, as Qwen3's does).
+//! `model_type` picks the architecture; a config without one is read as Qwen3.
 //!
 //! Two spellings of the RoPE base exist in the wild: the top-level `rope_theta` of the
 //! original checkpoints, and `rope_parameters: {"rope_theta": …, "rope_type": "default"}`
@@ -10,9 +16,43 @@ use candle_nn::Activation;
 use serde::Deserialize;
 use std::path::Path;
 
-/// The architecture hyper-parameters of a dense Qwen3 checkpoint.
+/// The member of the decoder family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// q/k RMSNorm per head.
+    Qwen3,
+    /// Llama, SmolLM2: no q/k norm.
+    Llama,
+    /// q/k/v biases, no q/k norm.
+    Qwen2,
+}
+
+impl Arch {
+    /// From `model_type` (config.json) or `general.architecture` (GGUF).
+    pub fn from_model_type(t: &str) -> Result<Self> {
+        Ok(match t {
+            "qwen3" => Self::Qwen3,
+            "llama" => Self::Llama,
+            "qwen2" => Self::Qwen2,
+            _ => bail!(
+                "model type {t:?} is not supported (supported: qwen3, llama, qwen2: dense decoders)"
+            ),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Qwen3 => "qwen3",
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// The architecture hyper-parameters of a dense decoder checkpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    pub arch: Arch,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -24,6 +64,8 @@ pub struct Config {
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
+    /// Biases on q, k, v and o (Llama's and Qwen3's `attention_bias`); Qwen2's q/k/v
+    /// biases come with [`Arch::Qwen2`] whatever this says.
     pub attention_bias: bool,
     pub hidden_act: Activation,
     pub bos_token_id: Option<u32>,
@@ -46,6 +88,7 @@ struct RopeParameters {
 
 #[derive(Deserialize)]
 struct RawConfig {
+    model_type: Option<String>,
     vocab_size: usize,
     hidden_size: usize,
     intermediate_size: usize,
@@ -77,8 +120,8 @@ fn default_act() -> Activation {
 impl Config {
     /// Parses and checks a `config.json` text.
     pub fn from_json_str(s: &str) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(s)
-            .map_err(|e| candle_core::Error::Msg(format!("Qwen3 config: {e}")))?;
+        let raw: RawConfig =
+            serde_json::from_str(s).map_err(|e| candle_core::Error::Msg(format!("config: {e}")))?;
         Self::from_raw(raw)
     }
 
@@ -90,11 +133,12 @@ impl Config {
     }
 
     fn from_raw(r: RawConfig) -> Result<Self> {
+        let arch = Arch::from_model_type(r.model_type.as_deref().unwrap_or("qwen3"))?;
         let nested = match &r.rope_parameters {
             Some(p) => {
                 if let Some(t) = p.rope_type.as_deref() {
                     if t != "default" {
-                        bail!("Qwen3 config: rope_parameters.rope_type {t:?} is not supported (only \"default\" RoPE)");
+                        bail!("config: rope_parameters.rope_type {t:?} is not supported (only \"default\" RoPE)");
                     }
                 }
                 p.rope_theta
@@ -102,14 +146,14 @@ impl Config {
             None => None,
         };
         let rope_theta = match (r.rope_theta, nested) {
-            (Some(a), Some(b)) if a != b => bail!(
-                "Qwen3 config: rope_theta ({a}) and rope_parameters.rope_theta ({b}) disagree"
-            ),
+            (Some(a), Some(b)) if a != b => {
+                bail!("config: rope_theta ({a}) and rope_parameters.rope_theta ({b}) disagree")
+            }
             (Some(a), _) => a,
             (None, Some(b)) => b,
-            (None, None) => bail!(
-                "Qwen3 config: no RoPE base; expected `rope_theta` or `rope_parameters.rope_theta`"
-            ),
+            (None, None) => {
+                bail!("config: no RoPE base; expected `rope_theta` or `rope_parameters.rope_theta`")
+            }
         };
         if let Some(v) = &r.rope_scaling {
             let kind = v
@@ -117,35 +161,24 @@ impl Config {
                 .or_else(|| v.get("type"))
                 .and_then(|t| t.as_str());
             if !v.is_null() && kind != Some("default") {
-                bail!("Qwen3 config: rope_scaling {v} is not supported (only plain RoPE)");
+                bail!("config: rope_scaling {v} is not supported (only plain RoPE)");
             }
         }
         if r.use_sliding_window {
-            bail!("Qwen3 config: use_sliding_window is true; sliding-window attention is not supported");
+            bail!("config: use_sliding_window is true; sliding-window attention is not supported");
         }
         let num_key_value_heads = r.num_key_value_heads.unwrap_or(r.num_attention_heads);
         if r.num_attention_heads == 0 || r.hidden_size == 0 || r.vocab_size == 0 {
-            bail!("Qwen3 config: hidden_size, vocab_size and num_attention_heads must be positive");
+            bail!("config: hidden_size, vocab_size and num_attention_heads must be positive");
         }
         let head_dim = r.head_dim.unwrap_or(r.hidden_size / r.num_attention_heads);
-        if num_key_value_heads == 0 || !r.num_attention_heads.is_multiple_of(num_key_value_heads) {
-            bail!(
-                "Qwen3 config: num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_key_value_heads})",
-                r.num_attention_heads
-            );
-        }
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            bail!("Qwen3 config: head_dim must be even and positive for RoPE, got {head_dim}");
-        }
-        if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            bail!("Qwen3 config: rope_theta must be positive, got {rope_theta}");
-        }
         let eos_token_ids = match r.eos_token_id {
             None => vec![],
             Some(OneOrMany::One(x)) => vec![x],
             Some(OneOrMany::Many(v)) => v,
         };
-        Ok(Self {
+        let c = Self {
+            arch,
             vocab_size: r.vocab_size,
             hidden_size: r.hidden_size,
             intermediate_size: r.intermediate_size,
@@ -161,7 +194,60 @@ impl Config {
             hidden_act: r.hidden_act,
             bos_token_id: r.bos_token_id,
             eos_token_ids,
-        })
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The checks every source of a config (JSON, GGUF metadata) goes through.
+    pub fn validate(&self) -> Result<()> {
+        let (nh, nkv, d) = (
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+        );
+        if nh == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
+            bail!("config: hidden_size, vocab_size and num_attention_heads must be positive");
+        }
+        if nkv == 0 || !nh.is_multiple_of(nkv) {
+            bail!(
+                "config: num_attention_heads ({nh}) must be a multiple of num_key_value_heads ({nkv})"
+            );
+        }
+        if d == 0 || !d.is_multiple_of(2) {
+            bail!("config: head_dim must be even and positive for RoPE, got {d}");
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            bail!(
+                "config: rope_theta must be positive, got {}",
+                self.rope_theta
+            );
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!(
+                "config: rms_norm_eps must be positive, got {}",
+                self.rms_norm_eps
+            );
+        }
+        if self.max_position_embeddings == 0 {
+            bail!("config: max_position_embeddings must be positive");
+        }
+        Ok(())
+    }
+
+    /// RMSNorm over head_dim on each q and k head, before RoPE (Qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.arch == Arch::Qwen3
+    }
+
+    /// Biases on the q, k and v projections.
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias || self.arch == Arch::Qwen2
+    }
+
+    /// A bias on the output projection.
+    pub fn o_bias(&self) -> bool {
+        self.attention_bias && self.arch != Arch::Qwen2
     }
 
     /// The published configs of the dense sizes the design notes list (models.md §B1),
@@ -180,6 +266,7 @@ impl Config {
             ),
         };
         Ok(Self {
+            arch: Arch::Qwen3,
             vocab_size: 151936,
             hidden_size: hidden,
             intermediate_size: inter,
@@ -201,7 +288,8 @@ impl Config {
     /// Parameters of the architecture (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let (h, d) = (self.hidden_size, self.head_dim);
-        let attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads) + 2 * d;
+        let qk_norm = if self.qk_norm() { 2 * d } else { 0 };
+        let attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads) + qk_norm;
         let mlp = 3 * h * self.intermediate_size;
         let layer = attn + mlp + 2 * h;
         let embed = self.vocab_size * h;

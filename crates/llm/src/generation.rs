@@ -1,6 +1,6 @@
 //! The generation loop: prefill the prompt, then one token per step through the KV cache.
 
-use super::model::Qwen3;
+use super::model::CausalLm;
 use candle_core::{bail, Result, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use std::time::Instant;
@@ -123,7 +123,7 @@ impl GenerationStats {
 /// calling `on_token` with each one as soon as it is picked. Stops after a token in
 /// `stop` (which is returned and counted, but not fed back).
 pub fn generate(
-    model: &mut Qwen3,
+    model: &mut CausalLm,
     prompt: &[u32],
     max_new: usize,
     stop: &[u32],
@@ -174,7 +174,7 @@ pub fn generate(
 }
 
 /// Greedy continuation without stop tokens (evals and parity tests).
-pub fn greedy(model: &mut Qwen3, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+pub fn greedy(model: &mut CausalLm, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
     let mut s = Sampler::new(&SamplingParams::greedy())?;
     Ok(generate(model, prompt, n, &[], &mut s, |_| Ok(()))?.0)
 }

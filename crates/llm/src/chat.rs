@@ -1,5 +1,7 @@
-//! The Qwen3 chat template (ChatML with the thinking switch), its special tokens, and a
-//! streaming detokenizer.
+//! Chat templates and a streaming detokenizer: Qwen3's template (ChatML with the thinking
+//! switch) written out below, and [`ChatTemplate`], a model's own Jinja template (a GGUF's
+//! `tokenizer.chat_template`) rendered with minijinja, as transformers renders it with
+//! Jinja2.
 //!
 //! The template is the one in Qwen3's `tokenizer_config.json`, restricted to system, user
 //! and assistant turns (no tools):
@@ -46,6 +48,63 @@ impl Message {
             role,
             content: content.into(),
         }
+    }
+}
+
+/// A Jinja chat template as a tokenizer ships it (transformers' `apply_chat_template`).
+pub struct ChatTemplate {
+    env: minijinja::Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token` and `eos_token` are the texts the template may use.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = minijinja::Environment::new();
+        // transformers' Jinja2 environment: trim_blocks and lstrip_blocks on
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function(
+            "raise_exception",
+            |m: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    m,
+                ))
+            },
+        );
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| candle_core::Error::Msg(format!("chat template: {e}")))?;
+        Ok(Self {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Renders `messages` (`add_generation_prompt`: end with the assistant's opening).
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let msgs: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| {
+                minijinja::Value::from_iter([
+                    ("role", minijinja::Value::from(m.role.name())),
+                    ("content", minijinja::Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| candle_core::Error::Msg(format!("chat template: {e}")))?;
+        tmpl.render(minijinja::context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        })
+        .map_err(|e| candle_core::Error::Msg(format!("chat template: {e}")))
     }
 }
 
@@ -114,6 +173,20 @@ impl SpecialTokens {
     pub fn stop_ids(&self) -> Vec<u32> {
         vec![self.im_end, self.endoftext]
     }
+}
+
+/// Where generation stops: the config's eos ids, and the ChatML turn end and the text end
+/// when the vocabulary has them (a chat model's eos is often only one of those).
+pub fn stop_ids(t: &Tokenizer, eos_ids: &[u32]) -> Vec<u32> {
+    let mut v = eos_ids.to_vec();
+    for s in ["<|im_end|>", "<|endoftext|>"] {
+        if let Some(id) = t.token_to_id(s) {
+            if !v.contains(&id) {
+                v.push(id);
+            }
+        }
+    }
+    v
 }
 
 /// Loads a `tokenizer.json`; errors name the file.

@@ -2,7 +2,7 @@
 //! tests/fixtures/qwen3_tokenizer/README.md) against transformers' own encoding and chat
 //! template rendering (`hf_cases.json`, written by scripts/gen_qwen3_fixtures.py).
 
-use mxattn_qwen3::chat::{
+use mxattn_llm::chat::{
     chat_prompt, decode, encode, load_tokenizer, Message, Role, SpecialTokens, TextStream,
 };
 use std::path::{Path, PathBuf};
