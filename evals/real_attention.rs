@@ -69,7 +69,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     layers: Vec<usize>,
     /// Only these algorithms (comma separated; default all: exact, bf16, mxfp8/6/4,
-    /// fused-mxfp8/6/4 with /fp32 and /u8 P, efq-mmlu, efq-mean, efq-exact).
+    /// fused-mxfp8/6/4 with /fp32 and /u8 P, efq-mmlu, efq-mean, efq-exact; /u8w, the wide u8
+    /// code, on request).
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Write report.md, report.json, error_per_layer.png and fused_claim_per_layer.png here.
@@ -113,7 +114,8 @@ fn variant(name: &str) -> Result<(AttentionConfig, AttentionConfig)> {
     let (base, probs) = match name.split_once('/') {
         Some((b, "fp32")) => (b, Some(FusedProbs::Fp32Bits)),
         Some((b, "u8")) => (b, Some(FusedProbs::U8Code)),
-        Some((_, p)) => bail!("{name}: unknown P generation {p:?} (fp32 or u8)"),
+        Some((b, "u8w")) => (b, Some(FusedProbs::U8CodeWide)),
+        Some((_, p)) => bail!("{name}: unknown P generation {p:?} (fp32, u8 or u8w)"),
         None => (name, None),
     };
     let mut cfg = preset(base)?.config.with_causal(true);
@@ -130,7 +132,7 @@ fn variant(name: &str) -> Result<(AttentionConfig, AttentionConfig)> {
         }
         _ => {
             if probs.is_some() {
-                bail!("{name}: /fp32 and /u8 apply to Fused-Softmax only");
+                bail!("{name}: /fp32, /u8 and /u8w apply to Fused-Softmax only");
             }
             AttentionConfig::exact()
                 .with_formats(

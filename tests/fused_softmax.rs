@@ -15,8 +15,9 @@ fn fused(qk: ElemFormat, v: OperandFormat, probs: FusedProbs, hadamard: bool) ->
     AttentionConfig::fused_softmax(qk, v, FusedSoftmaxConfig { probs, hadamard })
 }
 
-const PROBS: [FusedProbs; 4] = [
+const PROBS: [FusedProbs; 5] = [
     FusedProbs::U8Code,
+    FusedProbs::U8CodeWide,
     FusedProbs::Fp32Bits,
     FusedProbs::ExactE4M3,
     FusedProbs::ExactF32,
@@ -332,4 +333,61 @@ fn unsupported_fused_configurations_are_errors() {
         elem: ElemFormat::E4M3,
     };
     assert!(f(&e).contains("p_format"));
+}
+
+/// A row with an attention sink: key 0 scores 12 log2 units above 2047 keys spread around 0
+/// (together about half the sink's mass). The u8 code maps every score more than ≈6.9 units
+/// under the frozen max to code 0 (the fp32-bits P: ≈9 units), so both drop the whole tail
+/// and the output is the sink's value alone: relative error ≈ 0.5. The wide u8 code keeps
+/// the tail (≈13.9 units of range), and its error is what an E4M3 P with the Mitchell code
+/// allows: each P within ≈6 % (3 mantissa bits plus the linear interpolation).
+#[test]
+fn the_wide_u8_code_keeps_the_tail_under_a_sink() {
+    let (n, d) = (2048usize, 64usize);
+    let l2e = std::f32::consts::LOG2_E;
+    // scores s_j = q·k_j·scale·log2 e with q = e_0, scale 1: k_j[0] = s_j / log2 e
+    let mut q = vec![0f32; d];
+    q[0] = 1.0;
+    let mut rng = mxattn::synth::Rng::new(5);
+    let mut k = vec![0f32; n * d];
+    let mut v = vec![0f32; n * d];
+    for j in 0..n {
+        let s = if j == 0 {
+            12.0
+        } else {
+            0.5 * rng.normal() as f32
+        };
+        k[j * d] = s / l2e;
+        for c in 0..d {
+            v[j * d + c] = rng.normal() as f32;
+        }
+    }
+    let dev = Device::Cpu;
+    let q = Tensor::from_vec(q, (1, 1, 1, d), &dev).unwrap();
+    let k = Tensor::from_vec(k, (1, 1, n, d), &dev).unwrap();
+    let v = Tensor::from_vec(v, (1, 1, n, d), &dev).unwrap();
+    let mask = OracleMask {
+        softmax_scale: Some(1.0),
+        ..Default::default()
+    };
+    let exact = exact_attention_f64(&q, &k, &v, &mask).unwrap();
+    let err = |probs| {
+        let mut c = fused(ElemFormat::E4M3, OperandFormat::Native, probs, false);
+        c.qk_format = OperandFormat::Native;
+        c.softmax_scale = Some(1.0);
+        let o = attention(&q, &k, &v, &c).unwrap();
+        let o: Vec<f32> = o.flatten_all().unwrap().to_vec1().unwrap();
+        row_relative_errors(&o, &exact)[0]
+    };
+    let (u8c, wide, f32b) = (
+        err(FusedProbs::U8Code),
+        err(FusedProbs::U8CodeWide),
+        err(FusedProbs::Fp32Bits),
+    );
+    println!("sink row: relative error u8 {u8c:.3}, u8-wide {wide:.4}, fp32-bits {f32b:.4}");
+    assert!(
+        u8c > 0.25 && f32b > 0.25,
+        "u8 {u8c} and fp32-bits {f32b} should lose the tail"
+    );
+    assert!(wide < 0.06, "the wide u8 code keeps it: {wide}");
 }

@@ -179,6 +179,13 @@ pub(crate) fn plan(
             );
         }
     }
+    if let Algorithm::FusedSoftmax(f) = &cfg.algorithm {
+        if f.probs == FusedProbs::U8CodeWide {
+            bail!(
+                "attention: the wide-range u8 Fused-Softmax P (FusedProbs::U8CodeWide) runs on the CPU only so far"
+            );
+        }
+    }
     if p.d > caps.max_head_dim {
         bail!(
             "attention: head dim {} unsupported on CUDA (at most {})",

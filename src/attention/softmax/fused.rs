@@ -48,16 +48,24 @@ pub(crate) struct FusedSoftmax {
     g: f32,
     off: f32,
     thr: f32,
+    /// Binades the frozen max sits below the code of P = 1 ([`FusedProbs::U8CodeWide`]:
+    /// 7; 0 otherwise): P ≈ 2^(s − m) still, with m that much lower.
+    lift: f32,
 }
 
 impl FusedSoftmax {
     pub fn new(cfg: FusedSoftmaxConfig, p_format: ProbFormat) -> Self {
         let (g, off, thr) = match cfg.probs {
-            FusedProbs::U8Code => (G_U8, OFF_U8, THR_U8),
+            FusedProbs::U8Code | FusedProbs::U8CodeWide => (G_U8, OFF_U8, THR_U8),
             FusedProbs::Fp32Bits => (G_F32, f32::from_bits(OFF_F32_BITS), THR_F32),
             // exact exp2 with the u8 variant's headroom: rollback above (126.5 − OFF)/8
             FusedProbs::ExactE4M3 => (1.0, 0.0, (THR_U8 - OFF_U8) / G_U8),
             FusedProbs::ExactF32 => (1.0, 0.0, f32::INFINITY),
+        };
+        let lift = if cfg.probs == FusedProbs::U8CodeWide {
+            7.0
+        } else {
+            0.0
         };
         Self {
             cfg,
@@ -65,6 +73,7 @@ impl FusedSoftmax {
             g,
             off,
             thr,
+            lift,
         }
     }
 
@@ -72,7 +81,7 @@ impl FusedSoftmax {
     #[inline]
     fn prob(&self, a: f32) -> f32 {
         match self.cfg.probs {
-            FusedProbs::U8Code => {
+            FusedProbs::U8Code | FusedProbs::U8CodeWide => {
                 // v_cvt_pk_u8_f32: round to nearest even, saturate to the byte range;
                 // the rollback keeps A < 126.5, the clamp is the guard against code 127 (NaN).
                 let code = a.round_ties_even().clamp(0.0, 126.0) as u8;
@@ -138,7 +147,7 @@ impl SoftmaxAlgo for FusedSoftmax {
                 p.fill(0.0);
                 return 1.0;
             }
-            st.m = tmax - 0.125;
+            st.m = tmax - 0.125 - self.lift;
             st.started = true;
         }
         // The accumulator, built in p: A = G·s + bias (G·s is exact, one rounding).
@@ -150,7 +159,8 @@ impl SoftmaxAlgo for FusedSoftmax {
         }
         let mut alpha = 1.0;
         if amax > self.thr {
-            let delta = amax - self.off;
+            // the new max maps to P = 2^lift (1 but for the wide u8 code)
+            let delta = amax - (self.off + self.g * self.lift);
             for a in p.iter_mut() {
                 *a -= delta;
             }

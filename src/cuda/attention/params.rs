@@ -59,7 +59,8 @@ pub(super) fn params(op: &AttentionOp, in_dtype: i32) -> AttnParams {
         Algorithm::FusedSoftmax(f) => {
             algo = 2;
             (fused_kind, fg, foff, fthr) = match f.probs {
-                FusedProbs::U8Code => (0, G_U8, OFF_U8, THR_U8),
+                // the wide variant is refused by the plan before parameters are made
+                FusedProbs::U8Code | FusedProbs::U8CodeWide => (0, G_U8, OFF_U8, THR_U8),
                 FusedProbs::Fp32Bits => (1, G_F32, f32::from_bits(OFF_F32_BITS), THR_F32),
                 FusedProbs::ExactE4M3 => (2, 1.0, 0.0, (THR_U8 - OFF_U8) / G_U8),
                 FusedProbs::ExactF32 => (3, 1.0, 0.0, f32::INFINITY),
