@@ -413,5 +413,18 @@ mod tests {
             StoredKv::default(),
         );
         assert!(e.unwrap_err().to_string().contains("at most 512"));
+        // the wide u8 code: the kernels hard-code the paper's margin
+        let mut cfg = preset("fused-mxfp6").unwrap().config;
+        if let Algorithm::FusedSoftmax(f) = &mut cfg.algorithm {
+            f.probs = FusedProbs::U8CodeWide;
+        }
+        let e = plan(
+            &problem(128, 1, 8),
+            &cfg,
+            GpuPath::Auto,
+            &HOPPER,
+            StoredKv::default(),
+        );
+        assert!(e.unwrap_err().to_string().contains("CPU only"));
     }
 }
