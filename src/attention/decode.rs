@@ -139,14 +139,29 @@ pub fn takes_as_stored(
     cfg: &AttentionConfig,
     dtype: DType,
 ) -> (bool, bool) {
-    let stored = |x: &KvOperand, is_k| match x {
+    (
+        stored_parts(k, cfg, dtype, true).is_some(),
+        stored_parts(v, cfg, dtype, false).is_some(),
+    )
+}
+
+/// The codes (and V's tail) of `x` where the op takes them as stored ([`takes_stored`]; a K
+/// has no tail).
+fn stored_parts<'a>(
+    x: &KvOperand<'a>,
+    cfg: &AttentionConfig,
+    dt: DType,
+    is_k: bool,
+) -> Option<(MxTensor, Option<&'a Tensor>)> {
+    match x {
         KvOperand::Mx {
             full: Some(m),
             tail,
-        } => takes_stored(m, cfg, dtype, is_k) && (!is_k || tail.is_none()),
-        _ => false,
-    };
-    (stored(k, true), stored(v, false))
+        } if takes_stored(m, cfg, dt, is_k) && (!is_k || tail.is_none()) => {
+            Some((m.clone(), *tail))
+        }
+        _ => None,
+    }
 }
 
 /// Whether the op takes MX codes `m` of K (`is_k`: along d) or V (along the keys, whole
@@ -185,11 +200,8 @@ fn takes_stored(m: &MxTensor, cfg: &AttentionConfig, dt: DType, is_k: bool) -> b
 /// K or V as the op takes it: stored codes where [`takes_stored`], else the dequantized
 /// values in `dt`.
 fn kv_input(x: &KvOperand, cfg: &AttentionConfig, dt: DType, is_k: bool) -> Result<KvInput> {
-    match x {
-        KvOperand::Mx {
-            full: Some(m),
-            tail,
-        } if takes_stored(m, cfg, dt, is_k) && (!is_k || tail.is_none()) => {
+    match stored_parts(x, cfg, dt, is_k) {
+        Some((m, tail)) => {
             let full = MxTensor::from_parts(
                 m.codes().contiguous()?,
                 m.scales().contiguous()?,
@@ -202,6 +214,6 @@ fn kv_input(x: &KvOperand, cfg: &AttentionConfig, dt: DType, is_k: bool) -> Resu
             let tail = tail.map(|t| t.to_dtype(dt)?.contiguous()).transpose()?;
             Ok(KvInput::Stored { full, tail })
         }
-        _ => Ok(KvInput::Dense(x.to_tensor(dt)?.contiguous()?)),
+        None => Ok(KvInput::Dense(x.to_tensor(dt)?.contiguous()?)),
     }
 }

@@ -171,9 +171,8 @@ pub(crate) fn cuda_fwd_kv(
     };
     let stream = s1.device.cuda_stream();
     let q = input_ptr("q", s1, l1, &stream)?;
-    let mut ops = Vec::with_capacity(2);
-    for (name, x) in [("k", &kv[0]), ("v", &kv[1])] {
-        ops.push(match x {
+    let operand = |name: &str, x: &KvInput| -> Result<Operand> {
+        Ok(match x {
             KvInput::Dense(t) => Operand::Input(tensor_ptr(name, t)?),
             KvInput::Stored { full, tail } => Operand::Stored {
                 codes: tensor_ptr(name, full.codes())?,
@@ -182,14 +181,10 @@ pub(crate) fn cuda_fwd_kv(
                 block: full.block() as i32,
                 tail: tail.as_ref().map(|t| tensor_ptr(name, t)).transpose()?,
             },
-        });
-    }
-    let [k, v]: [Operand; 2] = ops.try_into().map_err(|_| unreachable_err())?;
+        })
+    };
+    let (k, v) = (operand("k", &kv[0])?, operand("v", &kv[1])?);
     run(op, &s1.device, dtype_id(s1.dtype())?, q, [k, v])
-}
-
-fn unreachable_err() -> candle_core::Error {
-    candle_core::Error::Msg("attention: internal error: two operands expected".into())
 }
 
 /// One call: plan, prepare, pack, launch, check.
