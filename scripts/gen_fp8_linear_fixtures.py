@@ -12,7 +12,7 @@
 
 The definition: a group's scale is s = amax / 448 in f32 (1 where amax = 0), its codes
 E4M3(RNE(w / s)) with the division in f32, its values code · s; activations likewise per
-token; the product accumulated exactly (float64 here).
+token (per token and 128-wide group with 128 × 128 weight blocks); the product accumulated exactly (float64 here).
 
     python3 -m venv v && v/bin/pip install numpy ml_dtypes && v/bin/python scripts/gen_fp8_linear_fixtures.py
 """
@@ -65,10 +65,13 @@ def quantize_weight(w, kind):
     return codes, vals, scales
 
 
-def linear(x, wv, b):
+def linear(x, wv, b, group=None):
+    """Per-token FP8 activations (per token and `group`-wide slice with block weights)."""
     xv = np.zeros(x.shape, np.float64)
+    g = group or x.shape[1]
     for t in range(x.shape[0]):
-        _, xv[t] = q(x[t], scale(x[t]))
+        for c in range(0, x.shape[1], g):
+            _, xv[t, c:c + g] = q(x[t, c:c + g], scale(x[t, c:c + g]))
     return xv @ wv.T + b.astype(np.float64)
 
 
@@ -102,7 +105,7 @@ def main():
           "bias": b.tolist(), "granularity": {}}
     for kind in ["tensor", "channel", "block128"]:
         codes, vals, scales = quantize_weight(w, kind)
-        y = linear(x, vals, b)
+        y = linear(x, vals, b, 128 if kind == "block128" else None)
         fx["granularity"][kind] = {"codes_hex": codes.tobytes().hex(), "scales": scales,
                                    "y": y.ravel().tolist()}
     os.makedirs(OUT, exist_ok=True)

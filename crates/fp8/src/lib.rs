@@ -6,7 +6,11 @@
 //!   scale `s = amax / 448` in f32 (1 where the group is all zeros); its codes are
 //!   `E4M3(w / s)` (the division in f32, round to nearest even, saturating: see
 //!   [`mxattn::mx::ElemFormat::encode`]); its values `decode(code) · s`;
-//! * an activation row (one token) is quantized the same way with its own scale;
+//! * an activation row (one token) is quantized the same way with its own scale; with
+//!   block-scaled weights, each token's 128-wide groups along the input (the weight block's
+//!   columns) get their own scales, as the official block-scaled checkpoints are run
+//!   (DeepSeek-V3 / Qwen3-FP8: 1 × 128 activation groups against 128 × 128 weight blocks),
+//!   so every partial product of one weight block has one scale pair;
 //! * `y` is the exact product of those values, accumulated in f32 here (a GEMM accumulates
 //!   in its own order: agreement within f32 summation), plus the bias, in x's dtype.
 //!
@@ -273,8 +277,15 @@ impl Fp8Weight {
 
 /// The per-token FP8 values of `x [.., inp]` (each row with its own scale), in f32.
 pub fn quantize_activations(x: &Tensor) -> Result<Tensor> {
+    quantize_activations_grouped(x, None)
+}
+
+/// The FP8 values of `x [.., inp]` in f32, each row's `group`-wide slices along the last
+/// axis (the whole row for `None`; the last slice may be shorter) with their own scale.
+pub fn quantize_activations_grouped(x: &Tensor, group: Option<usize>) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let inp = *dims.last().unwrap_or(&0);
+    let group = group.unwrap_or(inp).min(inp).max(1);
     let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     if let Some(p) = v.iter().position(|x| !x.is_finite()) {
         bail!(
@@ -284,8 +295,10 @@ pub fn quantize_activations(x: &Tensor) -> Result<Tensor> {
     }
     let mut q = Vec::with_capacity(v.len());
     for row in v.chunks(inp.max(1)) {
-        let s = group_scale(row.iter().fold(0f32, |m, x| m.max(x.abs())));
-        q.extend(row.iter().map(|&x| quantize_with(x, s).1));
+        for g in row.chunks(group) {
+            let s = group_scale(g.iter().fold(0f32, |m, x| m.max(x.abs())));
+            q.extend(g.iter().map(|&x| quantize_with(x, s).1));
+        }
     }
     Tensor::from_vec(q, dims, &Device::Cpu)?.to_device(x.device())
 }
@@ -318,6 +331,19 @@ impl Fp8Linear {
         &self.weight
     }
 
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// Width of the activation groups along the input that share a scale: the whole row
+    /// (`None`) with tensor or channel weight scales, the weight block's columns with blocks.
+    pub fn activation_group(&self) -> Option<usize> {
+        match self.weight.granularity {
+            Granularity::Block { cols, .. } => Some(cols),
+            _ => None,
+        }
+    }
+
     /// `x [.., inp]` → `[.., out]` in x's dtype: the reference of the FP8 GEMM (the product
     /// of the FP8 values accumulated in f32).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -331,7 +357,7 @@ impl Fp8Linear {
             );
         }
         let rows = x.elem_count() / inp.max(1);
-        let a = quantize_activations(x)?.reshape((rows, inp))?;
+        let a = quantize_activations_grouped(x, self.activation_group())?.reshape((rows, inp))?;
         let mut y = a.matmul(&self.values.t()?)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;

@@ -112,7 +112,7 @@ fn codes_scales_and_product_match_the_oracle() {
         let wv = w.dequantize(&Device::Cpu).unwrap();
         let l = Fp8Linear::new(w, Some(f.bias.clone()), &Device::Cpu).unwrap();
         let y = l.forward(&f.x).unwrap();
-        let a = mxattn_fp8::quantize_activations(&f.x).unwrap();
+        let a = mxattn_fp8::quantize_activations_grouped(&f.x, l.activation_group()).unwrap();
         check_product(name, &y, &ys, &a, &wv, f.out);
     }
 }
@@ -140,7 +140,7 @@ fn fp8_checkpoints_load_as_stored() {
             .collect();
         let wv = w.dequantize(&Device::Cpu).unwrap();
         let l = Fp8Linear::new(w, Some(f.bias.clone()), &Device::Cpu).unwrap();
-        let a = mxattn_fp8::quantize_activations(&f.x).unwrap();
+        let a = mxattn_fp8::quantize_activations_grouped(&f.x, l.activation_group()).unwrap();
         check_product(file, &l.forward(&f.x).unwrap(), &ys, &a, &wv, f.out);
     }
 }
