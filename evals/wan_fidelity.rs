@@ -18,7 +18,7 @@ use mxattn_cli::{progress_bar, DeviceArgs, VideoArgs};
 use mxattn_video::RgbFrames;
 use mxattn_wan::fidelity::{cosine, rel_l2, VideoFidelity};
 use mxattn_wan::pipeline::{GenerateOptions, Settings, WanPipeline};
-use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
+use mxattn_wan::schedule::{help as schedule_help, linear_help, LinearSpec, ScheduleSpec};
 use mxattn_wan::scheduler::SamplerKind;
 use mxattn_wan::sizes::{parse_size, WanVariant};
 use mxattn_wan::umt5::WAN_NEGATIVE_PROMPT;
@@ -54,8 +54,10 @@ struct Args {
     /// The reference schedule.
     #[arg(long, default_value = "exact")]
     reference: String,
-    /// A schedule to compare (repeatable; grammar below). Default: fused-mxfp8, fused-mxfp6,
-    /// fused-mxfp4, hybrid-fused, mxfp4, hybrid.
+    /// A configuration to compare (repeatable): an attention schedule (grammar below),
+    /// optionally `:LINEAR` with a linear schedule for the blocks' projections (`exact:fp8`;
+    /// bf16 when not given). Default: fused-mxfp8, fused-mxfp6, fused-mxfp4, hybrid-fused,
+    /// mxfp4, hybrid, exact:fp8, hybrid-fused:fp8.
     #[arg(long = "schedule")]
     schedules: Vec<String>,
     /// Latent metrics only (no VAE decode).
@@ -81,6 +83,8 @@ const DEFAULT_SCHEDULES: &[&str] = &[
     "hybrid-fused",
     "mxfp4",
     "hybrid",
+    "exact:fp8",
+    "hybrid-fused:fp8",
 ];
 
 /// PSNR of identical frames is infinite; means count such frames at this value.
@@ -94,11 +98,11 @@ struct Run {
 }
 
 fn main() -> Result<()> {
-    let cmd = Args::command().after_help(schedule_help());
+    let cmd = Args::command().after_help(format!("{}\n{}", schedule_help(), linear_help()));
     let a = Args::from_arg_matches(&cmd.get_matches())?;
     let device = a.dev.device()?;
     let dtype = a.dev.dtype(&device)?;
-    let pipe = match (&a.model_dir, a.random_weights) {
+    let mut pipe = match (&a.model_dir, a.random_weights) {
         (Some(d), false) => WanPipeline::load(d, dtype, dtype, &device)
             .with_context(|| format!("loading {}", d.display()))?,
         (None, true) => {
@@ -138,10 +142,19 @@ fn main() -> Result<()> {
     };
     // parse everything before the long runs
     let reference = ScheduleSpec::parse(&a.reference)?.resolve(opts.steps, layers)?;
+    // `ATTENTION[:LINEAR]`: an attention schedule, and the blocks' linear layers (bf16 when
+    // not given)
     let specs = names
         .iter()
-        .map(|n| ScheduleSpec::parse(n)?.resolve(opts.steps, layers))
-        .collect::<candle_core::Result<Vec<_>>>()?;
+        .map(|n| -> Result<_> {
+            let (attn, lin) = n.split_once(':').unwrap_or((n, "bf16"));
+            let attn = ScheduleSpec::parse(attn)
+                .with_context(|| format!("{n:?}"))?
+                .resolve(opts.steps, layers)?;
+            let lin = LinearSpec::parse(lin).with_context(|| format!("{n:?}"))?;
+            Ok((attn, lin))
+        })
+        .collect::<Result<Vec<_>>>()?;
     println!(
         "{variant}, {width}x{height}, {} frames, {} steps, seed {}; reference {:?}, {} schedules",
         opts.frames,
@@ -154,7 +167,10 @@ fn main() -> Result<()> {
     let init = pipe.initial_latents(&opts)?;
 
     let bar = |what: &str| progress_bar(opts.steps as u64, what, a.quiet);
-    let decode = |latents: &Tensor, policy: &dyn mxattn_wan::AttnPolicy| -> Result<RgbFrames> {
+    let decode = |pipe: &WanPipeline,
+                  latents: &Tensor,
+                  policy: &dyn mxattn_wan::AttnPolicy|
+     -> Result<RgbFrames> {
         let mut frames: Option<RgbFrames> = None;
         pipe.decode(latents, policy, |t| {
             let f = RgbFrames::from_tensor(&t)?;
@@ -186,11 +202,15 @@ fn main() -> Result<()> {
     let ref_video = if a.no_decode {
         None
     } else {
-        Some(decode(&ref_final, &reference)?)
+        Some(decode(&pipe, &ref_final, &reference)?)
     };
 
     let mut runs = Vec::new();
-    for (name, sched) in names.iter().zip(&specs) {
+    let dense = pipe.experts.clone();
+    for (name, (sched, linear)) in names.iter().zip(&specs) {
+        if *linear != LinearSpec::dense() {
+            pipe.set_linears(linear)?;
+        }
         let pb = bar(name);
         let (mut rl, mut cs) = (Vec::new(), Vec::new());
         let mut i = 0;
@@ -213,9 +233,10 @@ fn main() -> Result<()> {
         let exact = mxattn::attention::AttentionConfig::exact();
         let vae_policy: &dyn mxattn_wan::AttnPolicy = if a.vae_exact { &exact } else { sched };
         let video = match &ref_video {
-            Some(r) => Some(VideoFidelity::compare(&decode(&fin, vae_policy)?, r)?),
+            Some(r) => Some(VideoFidelity::compare(&decode(&pipe, &fin, vae_policy)?, r)?),
             None => None,
         };
+        pipe.experts.clone_from(&dense);
         println!(
             "{name}: final latent rel-L2 {:.4}, cosine {:.5}{}",
             rl[rl.len() - 1],

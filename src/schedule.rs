@@ -22,10 +22,52 @@
 //!
 //! For example, with a decoder's `layers` key, `mxfp6@layers=0-3+last;mxfp4` runs MXFP6 on the
 //! first four and the last layer and MXFP4 elsewhere.
+//!
+//! The same grammar chooses other per-site options: a [`Choice`] is what a rule's NAME
+//! stands for. Attention presets ([`Preset`]) are one; the linear layers' formats of the
+//! models (`bf16`, `fp8`, in the FP8 crate) are another, with the models' linear call sites
+//! as keys (`bf16@layers=0+last;fp8`).
 
 use crate::attention::presets::{preset, presets_help, Preset};
 use candle_core::{bail, Result};
 use std::fmt;
+
+/// What the rules of a schedule name: an attention preset, a linear layer format, ….
+pub trait Choice: Clone + fmt::Debug + PartialEq {
+    /// The thing chosen, in messages and help: "attention", "linear".
+    const SUBJECT: &'static str;
+    /// An example NAME for messages (`mxfp4`, `fp8`).
+    const EXAMPLE: &'static str;
+    /// Parses a rule's NAME (lower case, no whitespace); errors list the known names.
+    fn parse_name(name: &str, g: &Grammar) -> Result<Self>;
+    /// One line per known NAME, for `--help`.
+    fn names_help(g: &Grammar) -> String;
+}
+
+impl Choice for Preset {
+    const SUBJECT: &'static str = "attention";
+    const EXAMPLE: &'static str = "mxfp4";
+    fn parse_name(name: &str, g: &Grammar) -> Result<Self> {
+        let p = preset(name)?;
+        if p.kv_storage.is_some() && !g.kv_cache {
+            bail!(
+                "{name:?} only quantizes a KV cache, which {} does not have",
+                g.model
+            );
+        }
+        Ok(p)
+    }
+    fn names_help(g: &Grammar) -> String {
+        presets_help(g.kv_cache)
+    }
+}
+
+/// `attention` → `Attention`.
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
+}
 
 /// How a site key takes its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,16 +114,23 @@ impl Grammar {
             .join(", ")
     }
 
-    /// The `--help` text: the grammar, this model's keys, the attention presets and the
-    /// schedule presets.
+    /// The `--help` text of an attention schedule: the grammar, this model's keys, the
+    /// attention presets and the schedule presets.
     pub fn help(&self) -> String {
-        let mut s = String::from(
-            "Attention schedule: RULE(;RULE)* or a schedule preset. RULE = NAME or \
-             NAME@FILTER(,FILTER)*, NAME an attention preset. The first rule whose filters all \
-             match a call wins; the last rule must have no filter (a catch-all). FILTER = \
-             KEY=VALUE(+VALUE)*; an index VALUE is N, A-B, A- (to the end), last or lastK (the \
-             last K), 0-based. A call without a key is matched only by rules that do not filter \
-             on it.\n",
+        self.help_for::<Preset>()
+    }
+
+    /// The `--help` text of a schedule of `C`.
+    pub fn help_for<C: Choice>(&self) -> String {
+        let subject = C::SUBJECT;
+        let mut s = format!(
+            "{} schedule: RULE(;RULE)* or a schedule preset. RULE = NAME or \
+             NAME@FILTER(,FILTER)*, NAME one of the {subject} names below. The first rule whose \
+             filters all match a call wins; the last rule must have no filter (a catch-all). \
+             FILTER = KEY=VALUE(+VALUE)*; an index VALUE is N, A-B, A- (to the end), last or \
+             lastK (the last K), 0-based. A call without a key is matched only by rules that do \
+             not filter on it.\n",
+            capitalized(subject)
         );
         s.push_str(&format!("{} keys:\n", self.model));
         for k in self.keys {
@@ -91,8 +140,8 @@ impl Grammar {
             };
             s.push_str(&format!("  {:<8} {values}: {}\n", k.name, k.help));
         }
-        s.push_str("Attention presets:\n");
-        s.push_str(&presets_help(self.kv_cache));
+        s.push_str(&format!("{} names:\n", capitalized(subject)));
+        s.push_str(&C::names_help(self));
         s.push_str("Schedule presets:\n");
         for (n, def, what) in self.presets {
             s.push_str(&format!("  {n:<12} {what}\n  {:<12} = {def}\n", ""));
@@ -116,20 +165,20 @@ enum Value {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-struct Rule {
+struct Rule<C> {
     text: String,
     name: String,
-    preset: Preset,
+    preset: C,
     /// (key index, values), at most one filter per key.
     filters: Vec<(usize, Vec<Value>)>,
 }
 
 /// A parsed schedule, not yet tied to a run's counts.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Schedule {
+pub struct Schedule<C: Choice = Preset> {
     grammar: Grammar,
     text: String,
-    rules: Vec<Rule>,
+    rules: Vec<Rule<C>>,
     /// Presets clamp their indices to the run; user schedules do not.
     clamp: bool,
 }
@@ -170,23 +219,20 @@ fn parse_index_value(it: &str, ctx: &str) -> Result<Value> {
     })
 }
 
-impl Rule {
+impl<C: Choice> Rule<C> {
     fn parse(raw: &str, g: &Grammar) -> Result<Self> {
         let (name, filters) = match raw.split_once('@') {
             Some((n, f)) => (n, Some(f)),
             None => (raw, None),
         };
         if name.is_empty() {
-            bail!("schedule rule {raw:?}: no attention preset before '@'");
-        }
-        let p = preset(name)
-            .map_err(|e| candle_core::Error::Msg(format!("schedule rule {raw:?}: {e}")))?;
-        if p.kv_storage.is_some() && !g.kv_cache {
             bail!(
-                "schedule rule {raw:?}: {name:?} only quantizes a KV cache, which {} does not have",
-                g.model
+                "schedule rule {raw:?}: no {} name before '@'",
+                C::SUBJECT
             );
         }
+        let p = C::parse_name(name, g)
+            .map_err(|e| candle_core::Error::Msg(format!("schedule rule {raw:?}: {e}")))?;
         let mut rule = Rule {
             text: raw.to_string(),
             name: name.to_string(),
@@ -247,7 +293,7 @@ impl Rule {
     }
 }
 
-impl Schedule {
+impl<C: Choice> Schedule<C> {
     /// Parses the grammar in the module docs, or one of `g`'s schedule presets.
     pub fn parse(text: &str, g: &Grammar) -> Result<Self> {
         Self::parse_inner(text, None, g)
@@ -259,11 +305,14 @@ impl Schedule {
         Self::parse_inner(text, Some(default), g)
     }
 
-    /// One attention preset for every call.
+    /// One choice (attention preset, linear format) for every call.
     pub fn uniform(name: &str, g: &Grammar) -> Result<Self> {
         let rule = Rule::parse(&name.trim().to_ascii_lowercase(), g)?;
         if !rule.is_catch_all() {
-            bail!("attention preset {name:?}: a single name without filters is expected");
+            bail!(
+                "{} {name:?}: a single name without filters is expected",
+                C::SUBJECT
+            );
         }
         Ok(Self {
             grammar: *g,
@@ -287,21 +336,27 @@ impl Schedule {
         }
         if compact.is_empty() {
             bail!(
-                "empty attention schedule; expected a preset name (e.g. mxfp4), a schedule preset ({}) or rules like \"mxfp6@{}=0;mxfp4\"",
+                "empty {} schedule; expected a name (e.g. {}), a schedule preset ({}) or rules like \"{}@{}=0;{}\"",
+                C::SUBJECT,
+                C::EXAMPLE,
                 g.presets.iter().map(|p| p.0).collect::<Vec<_>>().join(", "),
-                g.keys.first().map_or("layers", |k| k.name)
+                C::EXAMPLE,
+                g.keys.first().map_or("layers", |k| k.name),
+                C::EXAMPLE
             );
         }
-        let mut rules: Vec<Rule> = Vec::new();
+        let mut rules: Vec<Rule<C>> = Vec::new();
         for raw in compact.split(';') {
             if raw.is_empty() {
                 bail!(
-                    "attention schedule {text:?}: empty rule (two ';' in a row or a trailing ';')"
+                    "{} schedule {text:?}: empty rule (two ';' in a row or a trailing ';')",
+                    C::SUBJECT
                 );
             }
             if let Some(prev) = rules.iter().find(|r| r.is_catch_all()) {
                 bail!(
-                    "attention schedule {text:?}: rule {raw:?} is never reached: {:?} before it matches every call",
+                    "{} schedule {text:?}: rule {raw:?} is never reached: {:?} before it matches every call",
+                    C::SUBJECT,
                     prev.text
                 );
             }
@@ -311,7 +366,9 @@ impl Schedule {
             match default {
                 Some(d) => rules.push(Rule::parse(&d.trim().to_ascii_lowercase(), g)?),
                 None => bail!(
-                    "attention schedule {text:?}: the last rule has filters, so some calls match no rule; end with a catch-all such as \";exact\""
+                    "{} schedule {text:?}: the last rule has filters, so some calls match no rule; end with a catch-all such as \";{}\"",
+                    C::SUBJECT,
+                    if C::SUBJECT == "attention" { "exact" } else { C::EXAMPLE }
                 ),
             }
         }
@@ -330,15 +387,16 @@ impl Schedule {
 
     /// Ties the schedule to a run: `counts` gives the number of values of each index key
     /// (e.g. `[("layers", 36)]`); a named key needs none.
-    pub fn resolve(&self, counts: &[(&str, usize)]) -> Result<Resolved> {
+    pub fn resolve(&self, counts: &[(&str, usize)]) -> Result<Resolved<C>> {
+        let subject = C::SUBJECT;
         let g = &self.grammar;
         let mut count_of = vec![None; g.keys.len()];
         for &(name, n) in counts {
             let Some(ki) = g.key(name) else {
-                bail!("attention schedule: {} has no key {name:?}", g.model);
+                bail!("{subject} schedule: {} has no key {name:?}", g.model);
             };
             if n == 0 {
-                bail!("attention schedule: the run has no {name} (count 0)");
+                bail!("{subject} schedule: the run has no {name} (count 0)");
             }
             count_of[ki] = Some(n);
         }
@@ -351,7 +409,7 @@ impl Schedule {
                 let n = count_of[*ki];
                 if key.kind == KeyKind::Index && n.is_none() {
                     bail!(
-                        "attention schedule {:?}: no count given for {} (a bug in the caller)",
+                        "{subject} schedule {:?}: no count given for {} (a bug in the caller)",
                         self.text,
                         key.name
                     );
@@ -378,7 +436,7 @@ impl Schedule {
                             }
                         }
                         Some(n) if b >= n => bail!(
-                            "attention schedule {:?}: rule {:?} names {} {b}, but the run has {n} (0-{})",
+                            "{subject} schedule {:?}: rule {:?} names {} {b}, but the run has {n} (0-{})",
                             self.text,
                             r.text,
                             key.name,
@@ -404,14 +462,15 @@ impl Schedule {
 
 /// One rule tied to a run.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ResolvedRule {
-    /// The preset name as written.
+pub struct ResolvedRule<C = Preset> {
+    /// The name as written.
     pub name: String,
-    pub preset: Preset,
+    /// What the name stands for (an attention preset, a linear format).
+    pub preset: C,
     filters: Vec<(usize, Vec<(usize, usize)>)>,
 }
 
-impl ResolvedRule {
+impl<C> ResolvedRule<C> {
     /// Whether the rule takes a call whose keys have `site` (one entry per key of the
     /// grammar, in its order; `None` where the call lacks the key).
     pub fn matches(&self, site: &[Option<usize>]) -> bool {
@@ -426,15 +485,15 @@ impl ResolvedRule {
 
 /// A schedule tied to a run's counts.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Resolved {
+pub struct Resolved<C = Preset> {
     text: String,
-    rules: Vec<ResolvedRule>,
+    rules: Vec<ResolvedRule<C>>,
 }
 
-impl Resolved {
+impl<C> Resolved<C> {
     /// The rule that decides a call with keys `site` (see [`ResolvedRule::matches`]); the
     /// last rule catches everything.
-    pub fn rule_for(&self, site: &[Option<usize>]) -> &ResolvedRule {
+    pub fn rule_for(&self, site: &[Option<usize>]) -> &ResolvedRule<C> {
         self.rules
             .iter()
             .find(|r| r.matches(site))
@@ -447,7 +506,7 @@ impl Resolved {
     }
 }
 
-impl fmt::Display for Resolved {
+impl<C> fmt::Display for Resolved<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
     }
@@ -515,11 +574,11 @@ mod tests {
 
     #[test]
     fn presets_clamp_and_user_schedules_do_not() {
-        let p = Schedule::parse("edges", &G).unwrap();
+        let p = <Schedule>::parse("edges", &G).unwrap();
         assert_eq!(p.text(), "edges");
         let r = p.resolve(&[("layers", 2)]).unwrap();
         assert_eq!(name_at(&r, Some(1), None), "mxfp6");
-        let e = Schedule::parse("mxfp6@layers=0-3;mxfp4", &G)
+        let e = <Schedule>::parse("mxfp6@layers=0-3;mxfp4", &G)
             .unwrap()
             .resolve(&[("layers", 2)])
             .unwrap_err()
@@ -529,7 +588,7 @@ mod tests {
 
     #[test]
     fn malformed_schedules_are_errors_that_say_why() {
-        let err = |t: &str| Schedule::parse(t, &G).unwrap_err().to_string();
+        let err = |t: &str| <Schedule>::parse(t, &G).unwrap_err().to_string();
         assert!(err("").contains("empty attention schedule"));
         assert!(err("mxfp4;;exact").contains("empty rule"));
         assert!(err("mxfp4;exact").contains("never reached"));
@@ -543,7 +602,7 @@ mod tests {
         assert!(err("mxfp4@;exact").contains("no filter after '@'"));
         assert!(err("kv-mxfp4").contains("KV cache"));
         assert!(err("mxfp4@layers=last0;exact").contains("last0"));
-        let with_default = Schedule::parse_with_default("mxfp4@layers=1", "exact", &G).unwrap();
+        let with_default = <Schedule>::parse_with_default("mxfp4@layers=1", "exact", &G).unwrap();
         let r = with_default.resolve(&[("layers", 3)]).unwrap();
         assert_eq!(name_at(&r, Some(0), None), "exact");
     }

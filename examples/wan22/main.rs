@@ -22,7 +22,7 @@ use mxattn_video::{GifWriter, Mp4Writer};
 use mxattn_wan::generate::{Event, Request};
 use mxattn_wan::pipeline::{GenerateOptions, Settings, WanPipeline};
 use mxattn_wan::profile;
-use mxattn_wan::schedule::{help as schedule_help, ScheduleSpec};
+use mxattn_wan::schedule::{help as schedule_help, linear_help, LinearSpec, ScheduleSpec};
 use mxattn_wan::scheduler::SamplerKind;
 use mxattn_wan::sizes::{parse_size, WanVariant};
 use mxattn_wan::umt5::WAN_NEGATIVE_PROMPT;
@@ -70,6 +70,13 @@ struct Args {
     /// --attn (default exact) and --attn-schedule, e.g. "hybrid-fused".
     #[command(flatten)]
     attn: AttnArgs,
+
+    /// The transformer blocks' projections: bf16 (as loaded, in --dtype), fp8 (FP8 E4M3
+    /// weights with a scale per output channel, quantized at load, and per-token FP8
+    /// activations), fp8-tensor, fp8-block, or a linear schedule over expert, layers and kind
+    /// (self|cross|ffn), e.g. "bf16@layers=0+last;fp8" (see below).
+    #[arg(long, default_value = "bf16")]
+    linear: String,
 
     /// Output video: .mp4 (H.264) or .gif.
     #[arg(short, long, default_value = "wan22.mp4")]
@@ -125,7 +132,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    let cmd = Args::command().after_help(schedule_help());
+    let cmd = Args::command().after_help(format!("{}\n{}", schedule_help(), linear_help()));
     let args = Args::from_arg_matches(&cmd.get_matches())?;
     let rank = mxattn_dist::launch::RankEnv::from_env()?;
     if rank.is_none() && args.gpus > 1 {
@@ -198,6 +205,8 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
         AttnChoice::Uniform(n) => ScheduleSpec::uniform(n)?,
     };
 
+    let linear = LinearSpec::parse(&a.linear).context("--linear")?;
+
     let t_load = Instant::now();
     let mut pipe = if a.src.random_weights {
         println!("building {variant} with random weights on {device:?} in {dtype:?} …");
@@ -218,6 +227,16 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
         WanPipeline::load(&dir, dtype, vae_dtype, &device)
             .with_context(|| format!("loading the pipeline from {}", dir.display()))?
     };
+    if linear != LinearSpec::dense() {
+        let t = Instant::now();
+        pipe.set_linears(&linear).context("--linear")?;
+        println!(
+            "linear layers {}: {} (converted in {:.1} s)",
+            linear.text(),
+            pipe.experts[0].linear_summary(),
+            t.elapsed().as_secs_f64()
+        );
+    }
     pipe.vae.set_trace(a.vae_trace);
     if let Some(r) = &rank {
         pipe.set_parallel(join(r, &device, a.cfg_parallel)?)?;
@@ -458,7 +477,7 @@ fn run(a: Args, rank: Option<mxattn_dist::launch::RankEnv>) -> Result<()> {
             "variant": variant.to_string(), "random_weights": a.src.random_weights,
             "width": width, "height": height, "frames": opts.frames, "steps": opts.steps,
             "latents": [dims.0, dims.1, dims.2, dims.3, dims.4],
-            "attention": schedule.text(), "dtype": format!("{dtype:?}"),
+            "attention": schedule.text(), "linear": linear.text(), "dtype": format!("{dtype:?}"),
             "text_seconds": text_s, "denoise_seconds": denoise_s,
             "step_seconds_mean": step_s.iter().sum::<f64>() / step_s.len() as f64,
             "attention_seconds": if a.profile_attention { Some(att_s) } else { None },

@@ -27,6 +27,9 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use mxattn::mx::ElemFormat;
 use std::path::Path;
 
+mod layer;
+pub use layer::{Linear, LinearFormat};
+
 /// E4M3's largest finite value: a group's amax maps to it.
 pub const E4M3_MAX: f32 = 448.0;
 

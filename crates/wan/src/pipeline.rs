@@ -11,6 +11,7 @@
 //! The initial noise comes from [`mxattn::synth::Rng`] (seeded, device-independent); torch's
 //! generator cannot be reproduced, so parity tests pass the initial latents in.
 
+use super::schedule::LinearSpec;
 use super::scheduler::{expert_switch_step, FlowScheduler, SamplerKind, UniPcConfig};
 use super::sizes::{latent_shape, WanVariant};
 use super::transformer::{expert_dirs, TransformerConfig, WanTransformer};
@@ -410,6 +411,17 @@ impl WanPipeline {
             e.set_sequence_parallel(p.sp.clone())?;
         }
         self.cfg_comm = p.cfg.filter(|c| c.world() > 1);
+        Ok(())
+    }
+
+    /// Runs the transformers' projections as the linear schedule `spec` says (e.g. `fp8`:
+    /// every block's projections in FP8 E4M3 with per-channel weight scales), quantizing
+    /// them now.
+    pub fn set_linears(&mut self, spec: &LinearSpec) -> Result<()> {
+        for (expert, t) in self.experts.iter_mut().enumerate() {
+            let plan = spec.resolve(t.config().num_layers)?;
+            t.set_linears(|layer, kind| plan.format(expert, layer, kind))?;
+        }
         Ok(())
     }
 

@@ -23,11 +23,18 @@
 //! VAE exact. Cross-attention has 512 keys against the 75 600 of self-attention at 720p
 //! (under 1 % of the attention work): quantizing it saves nothing, and on the H200 its
 //! operand preparation made it 2.2× slower than BF16 (`evals/results/wan_profile.md`).
+//!
+//! Linear schedules (`--linear`) use the same grammar for the blocks' projections, with the
+//! keys `expert`, `layers` and `kind = self | cross | ffn` and the names `bf16` (as loaded),
+//! `fp8` (per-channel weight scales), `fp8-tensor`, `fp8-block`: e.g.
+//! `bf16@layers=0+last;fp8`.
 
 use super::{AttnKind, AttnPolicy, AttnSite};
 use candle_core::{bail, Result};
 use mxattn::attention::AttentionConfig;
+use crate::transformer::LinearKind;
 use mxattn::schedule::{Grammar, KeyKind, Resolved, ResolvedRule, SiteKey};
+use mxattn_fp8::LinearFormat;
 use std::fmt;
 
 /// The `hybrid` preset (see the module docs).
@@ -222,5 +229,90 @@ impl AttnPolicy for WanSchedule {
 impl fmt::Display for WanSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.text())
+    }
+}
+
+/// The site keys of Wan's linear layers: the transformer blocks' projections (the embedders
+/// and the output head stay in the model dtype: a few small matrices, where the timestep
+/// and text conditioning enter).
+pub const LINEAR_KEYS: &[SiteKey] = &[
+    SiteKey {
+        name: "expert",
+        kind: KeyKind::Named(&[("high", 0), ("low", 1), ("0", 0), ("1", 1)]),
+        help: "the A14B expert (high noise first; TI2V-5B has only high)",
+    },
+    SiteKey {
+        name: "layers",
+        kind: KeyKind::Index,
+        help: "transformer block, 0-based",
+    },
+    SiteKey {
+        name: "kind",
+        kind: KeyKind::Named(&[("self", 0), ("cross", 1), ("ffn", 2)]),
+        help: "self-attention's q/k/v/out projections, cross-attention's, or the FFN's",
+    },
+];
+
+/// What Wan's linear schedules may say (`--linear`); they are applied at load, so they have
+/// no step key.
+pub const LINEAR_GRAMMAR: Grammar = Grammar {
+    model: "Wan",
+    keys: LINEAR_KEYS,
+    presets: &[],
+    kv_cache: false,
+};
+
+/// The `--help` text of linear schedules.
+pub fn linear_help() -> String {
+    LINEAR_GRAMMAR.help_for::<LinearFormat>()
+}
+
+/// A parsed linear schedule (`fp8`, `bf16`, `bf16@layers=0+last;fp8`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearSpec(mxattn::schedule::Schedule<LinearFormat>);
+
+impl LinearSpec {
+    pub fn parse(text: &str) -> Result<Self> {
+        mxattn::schedule::Schedule::parse(text, &LINEAR_GRAMMAR).map(Self)
+    }
+
+    /// Every projection dense, as loaded.
+    pub fn dense() -> Self {
+        Self::parse("bf16").expect("bf16 is a linear format")
+    }
+
+    pub fn text(&self) -> &str {
+        self.0.text()
+    }
+
+    /// Ties it to transformers of `num_layers` blocks.
+    pub fn resolve(&self, num_layers: usize) -> Result<WanLinears> {
+        Ok(WanLinears {
+            resolved: self.0.resolve(&[("layers", num_layers)])?,
+        })
+    }
+}
+
+/// A linear schedule tied to a depth.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WanLinears {
+    resolved: Resolved<LinearFormat>,
+}
+
+impl WanLinears {
+    /// The format of `kind`'s projections in block `layer` of `expert`.
+    pub fn format(&self, expert: usize, layer: usize, kind: LinearKind) -> LinearFormat {
+        let k = match kind {
+            LinearKind::SelfAttn => 0,
+            LinearKind::CrossAttn => 1,
+            LinearKind::Ffn => 2,
+        };
+        self.resolved
+            .rule_for(&[Some(expert), Some(layer), Some(k)])
+            .preset
+    }
+
+    pub fn text(&self) -> &str {
+        self.resolved.text()
     }
 }

@@ -15,6 +15,7 @@ use mxattn::fused::{
     ada_layer_norm, bias_gelu, bias_residual, merge_heads, split_heads, Rows, SplitHeads,
 };
 use mxattn_dist::{ulysses, Communicator};
+use mxattn_fp8::{Linear as Proj, LinearFormat};
 
 /// Ulysses sequence parallelism inside a block: this rank holds `1/P` of the `tokens`
 /// video tokens (padded to a multiple of P); self-attention exchanges them for `1/P` of the
@@ -34,13 +35,45 @@ pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
     ))
 }
 
-/// `x [b, n, in] · Wᵀ` of a linear layer, without its bias (the fused ops add it).
-pub(crate) fn matmul(x: &Tensor, l: &Linear) -> Result<Tensor> {
-    let (b, n, i) = x.dims3()?;
-    let w = l.weight();
-    x.reshape((b * n, i))?
-        .matmul(&w.t()?)?
-        .reshape((b, n, w.dim(0)?))
+/// A block's projection: dense as loaded, until a linear schedule makes it FP8
+/// ([`WanBlock::set_linears`]).
+fn proj(i: usize, o: usize, vb: VarBuilder) -> Result<Proj> {
+    Ok(Proj::Dense(linear(i, o, vb)?))
+}
+
+/// `x [b, n, in] · Wᵀ` of a projection, without its bias (the fused ops add it).
+pub(crate) fn matmul(x: &Tensor, l: &Proj) -> Result<Tensor> {
+    l.matmul(x)
+}
+
+/// A dense projection in `format` (a no-op for dense, an error for one already FP8 in
+/// another format).
+fn convert(l: &mut Proj, format: LinearFormat) -> Result<()> {
+    if l.format() == format {
+        return Ok(());
+    }
+    match l {
+        Proj::Dense(d) => {
+            *l = Proj::new(d.clone(), format)?;
+            Ok(())
+        }
+        Proj::Fp8 { .. } => candle_core::bail!(
+            "Wan projection is already {} and cannot become {}",
+            l.format().name(),
+            format.name()
+        ),
+    }
+}
+
+/// The linear layers of a block, as a linear schedule names them (`kind=self|cross|ffn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearKind {
+    /// Self-attention's q, k, v and output projections.
+    SelfAttn,
+    /// Cross-attention's q, k, v and output projections.
+    CrossAttn,
+    /// The feed-forward up and down projections.
+    Ffn,
 }
 
 /// A LayerNorm over the last dim, run in f32 (diffusers' `FP32LayerNorm`); the norms without
@@ -119,10 +152,10 @@ pub(crate) fn gated_add(x: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor>
 /// only), no mask, scale 1/√head_dim.
 #[derive(Clone, Debug)]
 pub struct WanAttention {
-    to_q: Linear,
-    to_k: Linear,
-    to_v: Linear,
-    to_out: Linear,
+    to_q: Proj,
+    to_k: Proj,
+    to_v: Proj,
+    to_out: Proj,
     norm_q: Tensor,
     norm_k: Tensor,
     heads: usize,
@@ -133,16 +166,24 @@ pub struct WanAttention {
 impl WanAttention {
     pub fn new(dim: usize, heads: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            to_q: linear(dim, dim, vb.pp("to_q"))?,
-            to_k: linear(dim, dim, vb.pp("to_k"))?,
-            to_v: linear(dim, dim, vb.pp("to_v"))?,
-            to_out: linear(dim, dim, vb.pp("to_out.0"))?,
+            to_q: proj(dim, dim, vb.pp("to_q"))?,
+            to_k: proj(dim, dim, vb.pp("to_k"))?,
+            to_v: proj(dim, dim, vb.pp("to_v"))?,
+            to_out: proj(dim, dim, vb.pp("to_out.0"))?,
             norm_q: vb.get(dim, "norm_q.weight")?,
             norm_k: vb.get(dim, "norm_k.weight")?,
             heads,
             head_dim: dim / heads,
             eps: eps as f32,
         })
+    }
+
+    /// Runs the four projections in `format`.
+    fn set_linears(&mut self, format: LinearFormat) -> Result<()> {
+        for l in [&mut self.to_q, &mut self.to_k, &mut self.to_v, &mut self.to_out] {
+            convert(l, format)?;
+        }
+        Ok(())
     }
 
     /// `[b, n, dim]` → `[b, heads, n, head_dim]`, contiguous.
@@ -174,7 +215,7 @@ impl WanAttention {
             ))
         })?;
         let (q, k, v) = stage(dev, "head split (bias, RMSNorm, RoPE)", || {
-            let normed = |t: &Tensor, l: &Linear, w: &Tensor| {
+            let normed = |t: &Tensor, l: &Proj, w: &Tensor| {
                 let opts = SplitHeads {
                     bias: l.bias(),
                     rms_weight: Some(w),
@@ -297,15 +338,15 @@ fn attend(
 /// Linear → GELU (tanh) → Linear.
 #[derive(Clone, Debug)]
 pub struct FeedForward {
-    up: Linear,
-    down: Linear,
+    up: Proj,
+    down: Proj,
 }
 
 impl FeedForward {
     pub fn new(dim: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            up: linear(dim, hidden, vb.pp("net.0.proj"))?,
-            down: linear(hidden, dim, vb.pp("net.2"))?,
+            up: proj(dim, hidden, vb.pp("net.0.proj"))?,
+            down: proj(hidden, dim, vb.pp("net.2"))?,
         })
     }
 }
@@ -408,6 +449,24 @@ impl WanBlock {
                 .get((1, 6, dim), "scale_shift_table")?
                 .unsqueeze(0)?,
         })
+    }
+
+    /// Runs each kind of its linear layers in the format `format_of` gives.
+    pub fn set_linears(&mut self, format_of: impl Fn(LinearKind) -> LinearFormat) -> Result<()> {
+        self.attn1.set_linears(format_of(LinearKind::SelfAttn))?;
+        self.attn2.set_linears(format_of(LinearKind::CrossAttn))?;
+        let f = format_of(LinearKind::Ffn);
+        convert(&mut self.ffn.up, f)?;
+        convert(&mut self.ffn.down, f)
+    }
+
+    /// The formats its linear layers run in: self-attention, cross-attention, FFN.
+    pub fn linear_formats(&self) -> [LinearFormat; 3] {
+        [
+            self.attn1.to_q.format(),
+            self.attn2.to_q.format(),
+            self.ffn.up.format(),
+        ]
     }
 
     /// `x [b, n, dim]` (model dtype), `ctx [b, l, dim]` the projected text, `e0

@@ -41,7 +41,7 @@ pub mod config;
 pub mod loading;
 pub mod rope;
 
-pub use block::{BlockCall, WanBlock};
+pub use block::{BlockCall, LinearKind, WanBlock};
 pub use config::TransformerConfig;
 pub use loading::{
     check_files, detect_layout, expected_tensors, expert_dirs, find_files, original_name, Layout,
@@ -211,6 +211,37 @@ impl WanTransformer {
         };
         let vb = random_var_builder(expected_tensors(cfg), init, dtype, device, seed)?;
         Self::new(cfg, vb)
+    }
+
+    /// Runs block `l`'s projections of each [`LinearKind`] in the format `format_of(l, kind)`
+    /// gives (dense ones are quantized now, on the model's device).
+    pub fn set_linears(
+        &mut self,
+        format_of: impl Fn(usize, LinearKind) -> mxattn_fp8::LinearFormat,
+    ) -> Result<()> {
+        for (l, b) in self.blocks.iter_mut().enumerate() {
+            b.set_linears(|k| format_of(l, k))?;
+        }
+        Ok(())
+    }
+
+    /// The blocks' projection formats, e.g. `fp8 ×120, bf16 ×0` → `"fp8: 120"` style counts
+    /// of (self, cross, ffn) groups per format name.
+    pub fn linear_summary(&self) -> String {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for b in &self.blocks {
+            for f in b.linear_formats() {
+                match counts.iter_mut().find(|(n, _)| *n == f.name()) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((f.name(), 1)),
+                }
+            }
+        }
+        counts
+            .iter()
+            .map(|(n, c)| format!("{n}: {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Runs the blocks with Candle's op-by-op elementwise chain (`false`) instead of the fused
