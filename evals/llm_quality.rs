@@ -26,8 +26,8 @@ use mxattn::attention::{Algorithm, FusedProbs};
 use mxattn_cli::{progress_bar, DeviceArgs};
 use mxattn_llm::generation::greedy;
 use mxattn_llm::loading::{self, ModelSource};
-use mxattn_llm::schedule::schedule_help;
-use mxattn_llm::{chat, smollm2, CausalLm, Schedule, ScheduleSpec};
+use mxattn_llm::schedule::{linear_help, schedule_help};
+use mxattn_llm::{chat, smollm2, CausalLm, LinearSpec, Schedule, ScheduleSpec};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -67,8 +67,10 @@ struct Args {
     /// checkpoint's tokenizer.json, or the GGUF's tokenizer.
     #[arg(long)]
     tokenizer: Option<String>,
-    /// A schedule to evaluate (repeatable; grammar below). Default: kv-mxfp8, kv-mxfp4,
-    /// mxfp8, mxfp6, mxfp4, hybrid, fused-mxfp8, fused-mxfp4, efq.
+    /// A configuration to evaluate (repeatable): an attention schedule (grammar below),
+    /// optionally `:LINEAR` with a linear schedule for the projections (`bf16:fp8`: BF16
+    /// attention, FP8 projections; dense when not given). Default: kv-mxfp8, kv-mxfp4, mxfp8,
+    /// mxfp6, mxfp4, hybrid, fused-mxfp8, fused-mxfp4, efq.
     #[arg(long = "schedule")]
     schedules: Vec<String>,
     /// The reference schedule.
@@ -206,7 +208,7 @@ fn nll_sum(lp: &Tensor, targets: &[u32]) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
-    let cmd = Args::command().after_help(schedule_help());
+    let cmd = Args::command().after_help(format!("{}\n{}", schedule_help(), linear_help()));
     let a = Args::from_arg_matches(&cmd.get_matches())?;
     if a.seq_len < 2 || a.stride == 0 || a.stride >= a.seq_len {
         // windows must overlap: the first token of a window is predicted by the last row
@@ -221,10 +223,14 @@ fn main() -> Result<()> {
     } else {
         a.schedules.clone()
     };
-    let specs: Vec<ScheduleSpec> = names
-        .iter()
-        .map(|n| ScheduleSpec::parse(n))
-        .collect::<candle_core::Result<_>>()?;
+    // `ATTENTION[:LINEAR]`
+    let mut specs: Vec<ScheduleSpec> = Vec::new();
+    let mut linears: Vec<LinearSpec> = Vec::new();
+    for n in &names {
+        let (attn, lin) = n.split_once(':').unwrap_or((n, "bf16"));
+        specs.push(ScheduleSpec::parse(attn).with_context(|| format!("{n:?}"))?);
+        linears.push(LinearSpec::parse(lin).with_context(|| format!("{n:?}"))?);
+    }
 
     let source = match (&a.model_dir, &a.gguf, a.smollm2) {
         (Some(d), _, _) => ModelSource::Dir(d.clone()),
@@ -246,9 +252,25 @@ fn main() -> Result<()> {
         _ => unreachable!("only directories and GGUF files are evaluated"),
     };
     let opened = loading::open(&source, &baseline, dtype, &device)?;
-    let mut model = opened.model;
-    let n_layers = model.config().num_hidden_layers;
-    let vocab = model.config().vocab_size;
+    // models[0] as loaded; one more per distinct linear schedule, which each run picks
+    let mut models = vec![(LinearSpec::dense(), opened.model)];
+    let mut which = Vec::with_capacity(linears.len());
+    for l in &linears {
+        let i = match models.iter().position(|(m, _)| m == l) {
+            Some(i) => i,
+            None => {
+                let mut m = loading::open(&source, &baseline, dtype, &device)?.model;
+                m.set_linears(l)?;
+                println!("linear {}: {}", l.text(), m.linear_summary());
+                models.push((l.clone(), m));
+                models.len() - 1
+            }
+        };
+        which.push(i);
+    }
+    let cfg = models[0].1.config().clone();
+    let n_layers = cfg.num_hidden_layers;
+    let vocab = cfg.vocab_size;
     let base_sched = baseline.resolve(n_layers)?;
     let mut scheds: Vec<Schedule> = specs
         .iter()
@@ -299,7 +321,7 @@ fn main() -> Result<()> {
     if ids.len() < 2 {
         bail!("the text has fewer than 2 tokens");
     }
-    let ctx_max = model.config().max_position_embeddings;
+    let ctx_max = cfg.max_position_embeddings;
     if a.seq_len.min(ids.len()) > ctx_max {
         bail!(
             "--seq-len {} exceeds the model's max_position_embeddings ({ctx_max}); pass a smaller one",
@@ -332,9 +354,10 @@ fn main() -> Result<()> {
     for &w in &wins {
         let targets = &ids[w.2..w.1];
         pb.set_message(format!("{} window {}..{}", a.baseline, w.0, w.1));
+        let model = &mut models[0].1;
         model.set_schedule(&base_sched)?;
         let t0 = Instant::now();
-        let lb = window_logprobs(&mut model, &ids, w)?;
+        let lb = window_logprobs(model, &ids, w)?;
         base.secs += t0.elapsed().as_secs_f64();
         base.nll += nll_sum(&lb, targets)?;
         base.n += targets.len();
@@ -344,9 +367,10 @@ fn main() -> Result<()> {
         pb.inc(1);
         for (i, s) in scheds.iter().enumerate() {
             pb.set_message(format!("{} window {}..{}", names[i], w.0, w.1));
+            let model = &mut models[which[i]].1;
             model.set_schedule(s)?;
             let t0 = Instant::now();
-            let lq = window_logprobs(&mut model, &ids, w)?;
+            let lq = window_logprobs(model, &ids, w)?;
             let acc = &mut accs[i];
             acc.secs += t0.elapsed().as_secs_f64();
             acc.nll += nll_sum(&lq, targets)?;
@@ -379,13 +403,15 @@ fn main() -> Result<()> {
             0
         };
         let prompt = &ids[start..start + a.prompt_len];
+        let model = &mut models[0].1;
         model.set_schedule(&base_sched)?;
-        let want = greedy(&mut model, prompt, a.gen_len)?;
+        let want = greedy(model, prompt, a.gen_len)?;
         pb.inc(1);
         for (i, s) in scheds.iter().enumerate() {
             pb.set_message(format!("{} greedy prompt {p}", names[i]));
+            let model = &mut models[which[i]].1;
             model.set_schedule(s)?;
-            let got = greedy(&mut model, prompt, a.gen_len)?;
+            let got = greedy(model, prompt, a.gen_len)?;
             let m = want.iter().zip(&got).take_while(|(x, y)| x == y).count();
             matches[i].push(m);
             pb.inc(1);

@@ -18,8 +18,8 @@ const DEFAULT_MODEL: &str = "Qwen/Qwen3-8B";
 use mxattn_llm::chat::{self, ChatTemplate, Message, Role, TextStream};
 use mxattn_llm::generation::{generate, Sampler, SamplingParams};
 use mxattn_llm::loading::{self, ModelSource};
-use mxattn_llm::schedule::schedule_help;
-use mxattn_llm::{smollm2, CausalLm, Config, ScheduleSpec, Tokenizer};
+use mxattn_llm::schedule::{linear_help, schedule_help};
+use mxattn_llm::{smollm2, CausalLm, Config, LinearSpec, ScheduleSpec, Tokenizer};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -120,13 +120,24 @@ struct Args {
     /// "hybrid".
     #[command(flatten)]
     attn: AttnArgs,
+    /// The decoder layers' projections: bf16 (as loaded, in --dtype), fp8 (FP8 E4M3
+    /// weights with a scale per output channel, quantized at load, per-token FP8
+    /// activations), fp8-tensor, fp8-block, or a linear schedule over layers and kind
+    /// (attn|mlp), e.g. "bf16@layers=0+last;fp8" (see below). The embeddings and the
+    /// output head stay in --dtype.
+    #[arg(long, default_value = "bf16")]
+    linear: String,
     /// Print only the statistics, not the text.
     #[arg(long)]
     quiet: bool,
+    /// Write the run's statistics as JSON here (load time, per turn: prompt tokens, time to
+    /// first token, prefill and decode tokens/s, KV-cache bytes).
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
-    let cmd = Args::command().after_help(schedule_help());
+    let cmd = Args::command().after_help(format!("{}\n{}", schedule_help(), linear_help()));
     let args = Args::from_arg_matches(&cmd.get_matches())?;
     run(args)
 }
@@ -164,6 +175,7 @@ fn run(a: Args) -> Result<()> {
         AttnChoice::Schedule(t) => ScheduleSpec::parse(t)?,
         AttnChoice::Uniform(n) => ScheduleSpec::uniform(n)?,
     };
+    let linear = LinearSpec::parse(&a.linear).context("--linear")?;
     let source = if a.smollm2 {
         let p = smollm2::find().with_context(|| {
             format!(
@@ -201,11 +213,22 @@ fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let opened = loading::open(&source, &schedule, dtype, &device)?;
     let mut model = opened.model;
-    println!(
-        "loaded {} in {:.1} s",
-        opened.description,
-        t0.elapsed().as_secs_f64()
-    );
+    if linear != LinearSpec::dense() {
+        model.set_linears(&linear).context("--linear")?;
+    }
+    let load_secs = t0.elapsed().as_secs_f64();
+    println!("loaded {} in {load_secs:.1} s", opened.description);
+    if linear != LinearSpec::dense() {
+        println!("linear {}: {}", linear.text(), model.linear_summary());
+    }
+    let mut report = Report {
+        path: a.json.clone(),
+        head: serde_json::json!({
+            "model": opened.description, "attention": schedule.text(), "linear": linear.text(),
+            "dtype": format!("{dtype:?}"), "device": format!("{device:?}"), "load_s": load_secs,
+        }),
+        turns: Vec::new(),
+    };
     let n_layers = model.config().num_hidden_layers;
     let resolved = schedule.resolve(n_layers)?;
     println!("attention: {} ({n_layers} layers)", resolved.summary());
@@ -292,6 +315,7 @@ fn run(a: Args) -> Result<()> {
             &stop,
             &mut sampler,
             tokenizer.as_ref(),
+            &mut report,
         )?;
         return Ok(());
     }
@@ -327,7 +351,15 @@ fn run(a: Args) -> Result<()> {
         msgs.push(Message::new(Role::User, user));
         let text = format.render(&msgs)?;
         let ids = chat::encode(tok, &text)?;
-        let answer = turn(&mut model, &ids, &a, &stop, &mut sampler, Some(tok))?;
+        let answer = turn(
+            &mut model,
+            &ids,
+            &a,
+            &stop,
+            &mut sampler,
+            Some(tok),
+            &mut report,
+        )?;
         if !a.interactive {
             break;
         }
@@ -335,6 +367,27 @@ fn run(a: Args) -> Result<()> {
         msgs.push(Message::new(Role::Assistant, chat::decode(tok, &answer)?));
     }
     Ok(())
+}
+
+/// `--json`: the run's settings and one entry per turn, rewritten after every turn (an
+/// interactive session killed midway keeps what it did).
+struct Report {
+    path: Option<PathBuf>,
+    head: serde_json::Value,
+    turns: Vec<serde_json::Value>,
+}
+
+impl Report {
+    fn push(&mut self, turn: serde_json::Value) -> Result<()> {
+        self.turns.push(turn);
+        if let Some(p) = &self.path {
+            let mut v = self.head.clone();
+            v["turns"] = serde_json::Value::from(self.turns.clone());
+            std::fs::write(p, serde_json::to_string_pretty(&v)?)
+                .with_context(|| format!("--json {}", p.display()))?;
+        }
+        Ok(())
+    }
 }
 
 /// One generation: streams the answer, prints the statistics, returns the ids.
@@ -345,6 +398,7 @@ fn turn(
     stop: &[u32],
     sampler: &mut Sampler,
     tokenizer: Option<&Tokenizer>,
+    report: &mut Report,
 ) -> Result<Vec<u32>> {
     let vocab = model.config().vocab_size;
     if let Some(&bad) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
@@ -385,10 +439,11 @@ fn turn(
         (None, _) => "--max-tokens".into(),
     };
     println!(
-        "prefill: {} tokens in {:.3} s = {:.1} tok/s",
+        "prefill: {} tokens in {:.3} s = {:.1} tok/s; time to first token {:.1} ms",
         stats.prompt_tokens,
         stats.prefill_secs,
-        stats.prefill_tok_per_s()
+        stats.prefill_tok_per_s(),
+        1e3 * stats.prefill_secs
     );
     println!(
         "decode:  {} tokens in {:.3} s = {:.2} tok/s (stopped on {stop_name})",
@@ -405,6 +460,16 @@ fn turn(
         mib(bf16),
         bf16 as f64 / stats.kv_cache_bytes.max(1) as f64
     );
+    report.push(serde_json::json!({
+        "prompt_tokens": stats.prompt_tokens,
+        // the prompt's forward and the first token's sampling
+        "time_to_first_token_s": stats.prefill_secs,
+        "prefill_tok_per_s": stats.prefill_tok_per_s(),
+        "decode_steps": stats.decode_steps, "decode_s": stats.decode_secs,
+        "decode_tok_per_s": stats.decode_tok_per_s(),
+        "generated_tokens": stats.generated_tokens,
+        "stopped_on": stats.stopped_on, "kv_cache_bytes": stats.kv_cache_bytes,
+    }))?;
     Ok(generated)
 }
 

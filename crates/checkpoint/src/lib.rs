@@ -134,6 +134,34 @@ impl<'a> TensorScan<'a> {
         shape: &[usize],
         missing: impl FnOnce() -> String,
     ) -> Result<()> {
+        const FLOATS: &[StDtype] = &[StDtype::F32, StDtype::F16, StDtype::BF16];
+        self.check_as(name, shape, FLOATS, "only f32/f16/bf16 weights are supported", missing)
+    }
+
+    /// Like [`Self::check`] for the FP8 E4M3 codes of an FP8 checkpoint's weight.
+    pub fn check_fp8(
+        &self,
+        name: &str,
+        shape: &[usize],
+        missing: impl FnOnce() -> String,
+    ) -> Result<()> {
+        self.check_as(
+            name,
+            shape,
+            &[StDtype::F8_E4M3],
+            "the config's quantization_config says FP8 (F8_E4M3) weights",
+            missing,
+        )
+    }
+
+    fn check_as(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtypes: &[StDtype],
+        why: &str,
+        missing: impl FnOnce() -> String,
+    ) -> Result<()> {
         let config = self.files.config.display();
         let Some((file, got, dtype)) = self.found.get(name) else {
             let index = match (&self.files.index, &self.index) {
@@ -155,9 +183,9 @@ impl<'a> TensorScan<'a> {
                 file.display()
             );
         }
-        if !matches!(dtype, StDtype::F32 | StDtype::F16 | StDtype::BF16) {
+        if !dtypes.contains(dtype) {
             bail!(
-                "{}: tensor {name} has dtype {dtype:?}; only f32/f16/bf16 weights are supported",
+                "{}: tensor {name} has dtype {dtype:?}; {why}",
                 file.display()
             );
         }

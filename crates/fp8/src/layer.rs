@@ -126,6 +126,25 @@ impl Linear {
         })
     }
 
+    /// Runs a dense layer in `format` from now on (quantizing it now); a no-op when it
+    /// already runs so. An FP8 layer does not go back: its dense weights are gone.
+    pub fn convert(&mut self, format: LinearFormat) -> Result<()> {
+        if self.format() == format {
+            return Ok(());
+        }
+        match self {
+            Self::Dense(d) => {
+                *self = Self::new(d.clone(), format)?;
+                Ok(())
+            }
+            Self::Fp8 { .. } => bail!(
+                "linear layer is already {} and cannot become {} (reload it instead)",
+                self.format().name(),
+                format.name()
+            ),
+        }
+    }
+
     /// The format it runs in (an FP8 checkpoint's as stored).
     pub fn format(&self) -> LinearFormat {
         match self {
@@ -200,10 +219,11 @@ impl Fp8Weight {
             .map(|c| c.to_bits())
             .collect();
         let n = scales.elem_count();
-        let g = if n == 1 {
-            Granularity::Tensor
-        } else if scales.dims() == [out.div_ceil(128), inp.div_ceil(128)] {
+        // a 2-D grid is blocks even when it is one block (a matrix of ≤ 128 × 128)
+        let g = if scales.dims() == [out.div_ceil(128), inp.div_ceil(128)] {
             Granularity::BLOCK128
+        } else if n == 1 {
+            Granularity::Tensor
         } else if n == out && scales.dims()[0] == out {
             Granularity::Channel
         } else {

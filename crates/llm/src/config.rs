@@ -71,6 +71,11 @@ pub struct Config {
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` as a list (config.json has one id or a list).
     pub eos_token_ids: Vec<u32>,
+    /// The projections are stored in FP8 E4M3 with 128 × 128 block scales
+    /// (`quantization_config` of Qwen3-*-FP8: `quant_method` "fp8", `weight_block_size`
+    /// [128, 128], `weight_scale_inv` beside each weight); the embeddings, norms and output
+    /// head are not.
+    pub fp8_block_weights: bool,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +116,38 @@ struct RawConfig {
     use_sliding_window: bool,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
+    quantization_config: Option<serde_json::Value>,
+}
+
+/// Whether `quantization_config` describes the block-scaled FP8 checkpoints this crate reads
+/// (Qwen3-*-FP8, DeepSeek-style: E4M3 weights, 128 × 128 blocks, dynamic activations);
+/// another quantization is an error naming it rather than weights read wrongly.
+fn fp8_block_weights(q: Option<&serde_json::Value>) -> Result<bool> {
+    let Some(q) = q.filter(|q| !q.is_null()) else {
+        return Ok(false);
+    };
+    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("?");
+    if method != "fp8" {
+        bail!("config: quantization_config.quant_method {method:?} is not supported (only \"fp8\" with 128×128 blocks)");
+    }
+    if let Some(f) = q.get("fmt").and_then(|f| f.as_str()) {
+        if f != "e4m3" {
+            bail!("config: FP8 format {f:?} is not supported (only e4m3)");
+        }
+    }
+    let block = q.get("weight_block_size");
+    if block != Some(&serde_json::json!([128, 128])) {
+        bail!(
+            "config: FP8 weight_block_size {} is not supported (only [128, 128])",
+            block.map_or("(none)".to_string(), |b| b.to_string())
+        );
+    }
+    if let Some(a) = q.get("activation_scheme").and_then(|a| a.as_str()) {
+        if a != "dynamic" {
+            bail!("config: FP8 activation_scheme {a:?} is not supported (only dynamic: activations are quantized per token and 128-wide group at run time)");
+        }
+    }
+    Ok(true)
 }
 
 fn default_act() -> Activation {
@@ -194,6 +231,7 @@ impl Config {
             hidden_act: r.hidden_act,
             bos_token_id: r.bos_token_id,
             eos_token_ids,
+            fp8_block_weights: fp8_block_weights(r.quantization_config.as_ref())?,
         };
         c.validate()?;
         Ok(c)
@@ -282,6 +320,7 @@ impl Config {
             hidden_act: Activation::Silu,
             bos_token_id: Some(151643),
             eos_token_ids: vec![151645],
+            fp8_block_weights: false,
         })
     }
 

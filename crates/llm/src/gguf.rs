@@ -245,6 +245,7 @@ impl GgufFile {
             hidden_act: Activation::Silu,
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+            fp8_block_weights: false,
         };
         cfg.validate()
             .map_err(|e| msg(format!("{}: {e}", self.path.display())))?;

@@ -38,6 +38,6 @@ pub use gguf::GgufFile;
 pub use kv_cache::{CacheFormat, CachedOperand, KvFormat, LayerKvCache};
 pub use loading::CheckpointFiles;
 pub use model::{CausalLm, Qkv};
-pub use schedule::{layer_preset, LayerSpec, Schedule, ScheduleSpec};
+pub use schedule::{layer_preset, LayerSpec, LinearSpec, Schedule, ScheduleSpec};
 /// The tokenizer type the chat helpers take (re-exported so front ends need not name the crate).
 pub use tokenizers::Tokenizer;

@@ -90,11 +90,20 @@ pub fn expected_tensors(cfg: &Config) -> Vec<(String, Vec<usize>)> {
 }
 
 /// Opens every weight file and checks that each tensor `cfg` needs is present once, in
-/// the shard the index names, with the right shape and a float dtype.
+/// the shard the index names, with the right shape and a float dtype (FP8 codes and their
+/// 128 × 128 block scales for the projections of an FP8 checkpoint).
 pub fn check_checkpoint(cfg: &Config, files: &CheckpointFiles) -> Result<()> {
     let scan = TensorScan::open(&files.component)?;
     for (name, shape) in expected_tensors(cfg) {
-        scan.check(&name, &shape, || format!("checkpoint: tensor {name}"))?;
+        let what = || format!("checkpoint: tensor {name}");
+        if cfg.fp8_block_weights && name.contains(".layers.") && name.ends_with("_proj.weight") {
+            scan.check_fp8(&name, &shape, what)?;
+            let blocks = [shape[0].div_ceil(128), shape[1].div_ceil(128)];
+            let s = format!("{name}_scale_inv");
+            scan.check(&s, &blocks, || format!("checkpoint: tensor {s}"))?;
+        } else {
+            scan.check(&name, &shape, what)?;
+        }
     }
     Ok(())
 }

@@ -20,9 +20,10 @@
 
 use super::config::Config;
 use super::kv_cache::LayerKvCache;
-use super::schedule::{LayerSpec, Schedule};
+use super::schedule::{LayerSpec, LinearSpec, Schedule};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
-use candle_nn::{linear_b, linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
+use candle_nn::{linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
+use mxattn_fp8::Linear as Proj;
 use mxattn::attention::{attention_decode_ext, DeviceChecks, RunOptions};
 use std::sync::Arc;
 
@@ -89,20 +90,32 @@ fn hadamard_matrix(d: usize, dev: &Device) -> Result<Tensor> {
     Tensor::from_vec(data, (d, d), dev)
 }
 
+/// A projection as the checkpoint stores it: dense in the model dtype, or the FP8 codes and
+/// block scales of an FP8 checkpoint, kept as they are.
+fn proj(i: usize, o: usize, bias: bool, cfg: &Config, vb: VarBuilder) -> Result<Proj> {
+    let format = if cfg.fp8_block_weights {
+        mxattn_fp8::LinearFormat::Fp8(mxattn_fp8::Granularity::BLOCK128)
+    } else {
+        mxattn_fp8::LinearFormat::Dense
+    };
+    Proj::load(i, o, bias, format, vb)
+}
+
 #[derive(Debug)]
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Proj,
+    up_proj: Proj,
+    down_proj: Proj,
     act: candle_nn::Activation,
 }
 
 impl Mlp {
     fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Self {
-            gate_proj: linear_no_bias(cfg.hidden_size, cfg.intermediate_size, vb.pp("gate_proj"))?,
-            up_proj: linear_no_bias(cfg.hidden_size, cfg.intermediate_size, vb.pp("up_proj"))?,
-            down_proj: linear_no_bias(cfg.intermediate_size, cfg.hidden_size, vb.pp("down_proj"))?,
+            gate_proj: proj(h, i, false, cfg, vb.pp("gate_proj"))?,
+            up_proj: proj(h, i, false, cfg, vb.pp("up_proj"))?,
+            down_proj: proj(i, h, false, cfg, vb.pp("down_proj"))?,
             act: cfg.hidden_act,
         })
     }
@@ -117,10 +130,12 @@ impl Module for Mlp {
 
 #[derive(Debug)]
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Proj,
+    k_proj: Proj,
+    v_proj: Proj,
+    o_proj: Proj,
+    /// Where the layer lives (for the Hadamard matrix of a new spec).
+    device: Device,
     /// Qwen3's per-head norms (none in Llama and Qwen2).
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     num_heads: usize,
@@ -170,10 +185,11 @@ impl Attention {
             None
         };
         Ok(Self {
-            q_proj: linear_b(h, nh * d, qkv_bias, vb.pp("q_proj"))?,
-            k_proj: linear_b(h, nkv * d, qkv_bias, vb.pp("k_proj"))?,
-            v_proj: linear_b(h, nkv * d, qkv_bias, vb.pp("v_proj"))?,
-            o_proj: linear_b(nh * d, h, o_bias, vb.pp("o_proj"))?,
+            q_proj: proj(h, nh * d, qkv_bias, cfg, vb.pp("q_proj"))?,
+            k_proj: proj(h, nkv * d, qkv_bias, cfg, vb.pp("k_proj"))?,
+            v_proj: proj(h, nkv * d, qkv_bias, cfg, vb.pp("v_proj"))?,
+            o_proj: proj(nh * d, h, o_bias, cfg, vb.pp("o_proj"))?,
+            device: vb.device().clone(),
             qk_norm,
             num_heads: nh,
             num_kv_heads: nkv,
@@ -197,7 +213,7 @@ impl Attention {
     }
 
     fn set_spec(&mut self, spec: LayerSpec) -> Result<()> {
-        self.hadamard = Self::hadamard_for(&spec, self.head_dim, self.q_proj.weight().device())?;
+        self.hadamard = Self::hadamard_for(&spec, self.head_dim, &self.device)?;
         self.cache = LayerKvCache::new(spec.kv);
         self.spec = spec;
         Ok(())
@@ -406,6 +422,42 @@ impl CausalLm {
             l.attn.set_spec(schedule.layer(i).clone())?;
         }
         Ok(())
+    }
+
+    /// Runs the layers' projections as the linear schedule `spec` says, converting dense
+    /// ones now (an FP8 projection converts back only by reloading).
+    pub fn set_linears(&mut self, spec: &LinearSpec) -> Result<()> {
+        let plan = spec.resolve(self.layers.len())?;
+        for (l, [attn, mlp]) in self.layers.iter_mut().zip(plan) {
+            let a = &mut l.attn;
+            for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                p.convert(attn)?;
+            }
+            let m = &mut l.mlp;
+            for p in [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj] {
+                p.convert(mlp)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The formats of the layers' projections, counted per format name over (attention, MLP)
+    /// groups: `"fp8: 60"`.
+    pub fn linear_summary(&self) -> String {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for l in &self.layers {
+            for f in [l.attn.q_proj.format(), l.mlp.up_proj.format()] {
+                match counts.iter_mut().find(|(n, _)| *n == f.name()) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((f.name(), 1)),
+                }
+            }
+        }
+        counts
+            .iter()
+            .map(|(n, c)| format!("{n}: {c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The spec of layer `i`.

@@ -4,12 +4,16 @@
 //! Schedules are written in the one grammar of [`mxattn::schedule`], with one site key,
 //! `layers` (0-based). For example `mxfp6@layers=0-3+last;mxfp4` runs the first four and the
 //! last layer in MXFP6 and the others in MXFP4; that is the `hybrid` preset.
+//!
+//! Linear schedules ([`LinearSpec`], `--linear`) choose the projections' format in the same
+//! grammar, with the keys `layers` and `kind = attn | mlp`: `bf16@layers=0+last;fp8`.
 
 use super::kv_cache::{CacheFormat, KvFormat};
 use candle_core::Result;
 use mxattn::attention::presets::preset;
 use mxattn::attention::{Algorithm, AttentionConfig};
 use mxattn::schedule::{format_ranges, Grammar, KeyKind, SiteKey};
+use mxattn_fp8::LinearFormat;
 use std::fmt;
 
 /// What one layer runs.
@@ -225,4 +229,67 @@ impl fmt::Display for Schedule {
 /// The `--help` text of the schedule grammar and presets.
 pub fn schedule_help() -> String {
     GRAMMAR.help()
+}
+
+/// The site keys of a decoder's linear layers (`--linear`): the layer and the kind of
+/// projection. The embeddings and the output head stay in the model dtype (as the official
+/// FP8 checkpoints ship them).
+pub const LINEAR_KEYS: &[SiteKey] = &[
+    SiteKey {
+        name: "layers",
+        kind: KeyKind::Index,
+        help: "decoder layer, 0-based",
+    },
+    SiteKey {
+        name: "kind",
+        kind: KeyKind::Named(&[("attn", 0), ("mlp", 1)]),
+        help: "the attention's q/k/v/o projections, or the MLP's gate/up/down",
+    },
+];
+
+/// What a decoder's linear schedules may say.
+pub const LINEAR_GRAMMAR: Grammar = Grammar {
+    model: "the decoder",
+    keys: LINEAR_KEYS,
+    presets: &[],
+    kv_cache: false,
+};
+
+/// The `--help` text of linear schedules.
+pub fn linear_help() -> String {
+    LINEAR_GRAMMAR.help_for::<LinearFormat>()
+}
+
+/// Which projections of a decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearKind {
+    Attn,
+    Mlp,
+}
+
+/// A parsed linear schedule (`bf16`, `fp8`, `bf16@layers=0+last;fp8`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearSpec(mxattn::schedule::Schedule<LinearFormat>);
+
+impl LinearSpec {
+    pub fn parse(text: &str) -> Result<Self> {
+        mxattn::schedule::Schedule::parse(text, &LINEAR_GRAMMAR).map(Self)
+    }
+
+    /// Every projection as loaded.
+    pub fn dense() -> Self {
+        Self::parse("bf16").expect("bf16 is a linear format")
+    }
+
+    pub fn text(&self) -> &str {
+        self.0.text()
+    }
+
+    /// The format of each layer's (attention, MLP) projections, for `n_layers` layers.
+    pub fn resolve(&self, n_layers: usize) -> Result<Vec<[LinearFormat; 2]>> {
+        let r = self.0.resolve(&[("layers", n_layers)])?;
+        Ok((0..n_layers)
+            .map(|l| [0, 1].map(|k| r.rule_for(&[Some(l), Some(k)]).preset))
+            .collect())
+    }
 }

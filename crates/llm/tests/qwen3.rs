@@ -865,3 +865,113 @@ fn cache_views_expose_codes_scales_and_the_tail() {
         o => panic!("{o:?}"),
     }
 }
+
+/// `--linear`: the schedule places FP8 projections where it says, and FP8 E4M3 projections
+/// move the tiny model's logits from transformers' by what E4M3 allows. Rounding both
+/// operands to 3 mantissa bits leaves about 2⁻⁴/√3 relative rms per operand, so ≈ 0.051 per
+/// product and (with random signs) per GEMM output; the longest path crosses 4 GEMMs per
+/// layer (q/k/v, o, gate/up, down), the errors adding in quadrature: 0.051·√(4n), doubled
+/// for what the softmax and SiLU amplify. A wrong scale gives errors of order 1 or more; a
+/// layer that silently stayed dense the f32 parity (< 1e-5).
+#[test]
+fn fp8_projections_follow_the_linear_schedule_within_e4m3_error() {
+    use mxattn_llm::LinearSpec;
+    let e = expected("tiny");
+    let mut part = load("tiny", "exact", DType::F32);
+    let n = part.config().num_hidden_layers;
+    assert!(n >= 2);
+    part.set_linears(&LinearSpec::parse("bf16@layers=0,kind=mlp;fp8").unwrap())
+        .unwrap();
+    // layer 0: attention FP8, MLP dense; the others all FP8
+    assert_eq!(
+        part.linear_summary(),
+        format!("fp8: {}, bf16: 1", 2 * n - 1)
+    );
+    let mut all = load("tiny", "exact", DType::F32);
+    all.set_linears(&LinearSpec::parse("fp8-block").unwrap()).unwrap();
+    assert_eq!(all.linear_summary(), format!("fp8-block: {}", 2 * n));
+    for (name, m) in [("part", &mut part), ("fp8-block", &mut all)] {
+        let logits = m.forward_all(&ids(&e.prompt)).unwrap().squeeze(0).unwrap();
+        let r = rel_diff(&logits, &e.prompt_logits);
+        println!("{name}: logits rel-L2 vs transformers {r:.2e}");
+        let bound = 2.0 * 0.051 * (4.0 * n as f64).sqrt();
+        assert!(r > 1e-3, "{name}: the FP8 layers changed nothing");
+        assert!(r < bound, "{name}: {r} is beyond E4M3's error ({bound})");
+    }
+    // FP8 does not convert back; unknown names and keys are errors that say so
+    let err = all
+        .set_linears(&LinearSpec::parse("bf16").unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot become bf16"), "{err}");
+    let err = LinearSpec::parse("fp8@kind=ffn;bf16").unwrap_err().to_string();
+    assert!(err.contains("not one of attn, mlp"), "{err}");
+}
+
+/// A checkpoint in the layout of the official FP8 checkpoints (Qwen3-*-FP8: F8_E4M3 weights,
+/// `weight_scale_inv` per 128 × 128 block, `quantization_config` fp8) loads as stored and
+/// gives transformers' logits for the same FP8 arithmetic
+/// (`scripts/gen_qwen3_fp8_fixtures.py`: the dequantized weights, and each projection's
+/// input quantized per token and 128-wide group by a pre-hook with ml_dtypes' E4M3).
+#[test]
+fn fp8_checkpoint_loads_as_stored_and_matches_transformers() {
+    let dir = fixture_dir("tiny_fp8");
+    let want = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)
+        .unwrap();
+    let prompt: Vec<u32> = want["prompt"]
+        .to_vec1::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|x| x as u32)
+        .collect();
+    let files = CheckpointFiles::from_dir(&dir).unwrap();
+    let cfg = Config::from_file(&files.component.config).unwrap();
+    assert!(cfg.fp8_block_weights);
+    let s = ScheduleSpec::parse("exact")
+        .unwrap()
+        .resolve(cfg.num_hidden_layers)
+        .unwrap();
+    let mut m = loading::load(&cfg, &files, &s, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(m.linear_summary(), "fp8-block: 4");
+    let logits = m.forward_all(&ids(&prompt)).unwrap().squeeze(0).unwrap();
+    let d = max_abs_diff(&logits, &want["prompt_logits"]);
+    // the FP8 model is far from the dense one, so agreement is not vacuous
+    let dense = expected("tiny");
+    assert_eq!(dense.prompt, prompt);
+    let apart = rel_diff(&want["prompt_logits"], &dense.prompt_logits);
+    println!("FP8 checkpoint: max |Δlogit| vs transformers {d:.2e}; FP8 vs dense {apart:.2e}");
+    assert!(apart > 1e-2, "the FP8 oracle is too close to the dense model: {apart}");
+    // f32 in both, summed in different orders; a code flipped by that would move a logit
+    // by far more
+    assert!(d < 1e-3, "max |Δlogit| {d}");
+}
+
+/// What a wrong FP8 checkpoint gets: errors that name the tensor and the file.
+#[test]
+fn fp8_checkpoint_errors_name_the_tensor() {
+    let cfg_with = |q: &str| {
+        let mut v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture_dir("tiny").join("config.json")).unwrap(),
+        )
+        .unwrap();
+        v["quantization_config"] = serde_json::from_str(q).unwrap();
+        Config::from_json_str(&v.to_string())
+    };
+    let e = cfg_with(r#"{"quant_method": "awq"}"#).unwrap_err().to_string();
+    assert!(e.contains("\"awq\" is not supported"), "{e}");
+    let e = cfg_with(r#"{"quant_method": "fp8", "weight_block_size": [64, 64]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[64,64] is not supported"), "{e}");
+    // a dense checkpoint under an FP8 config: the weight's dtype is named
+    let files = CheckpointFiles::from_dir(fixture_dir("tiny")).unwrap();
+    let cfg = cfg_with(
+        r#"{"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}"#,
+    )
+    .unwrap();
+    let e = loading::check_checkpoint(&cfg, &files).unwrap_err().to_string();
+    assert!(
+        e.contains("q_proj.weight has dtype F32") && e.contains("F8_E4M3"),
+        "{e}"
+    );
+}

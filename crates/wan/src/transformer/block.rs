@@ -46,25 +46,6 @@ pub(crate) fn matmul(x: &Tensor, l: &Proj) -> Result<Tensor> {
     l.matmul(x)
 }
 
-/// A dense projection in `format` (a no-op for dense, an error for one already FP8 in
-/// another format).
-fn convert(l: &mut Proj, format: LinearFormat) -> Result<()> {
-    if l.format() == format {
-        return Ok(());
-    }
-    match l {
-        Proj::Dense(d) => {
-            *l = Proj::new(d.clone(), format)?;
-            Ok(())
-        }
-        Proj::Fp8 { .. } => candle_core::bail!(
-            "Wan projection is already {} and cannot become {}",
-            l.format().name(),
-            format.name()
-        ),
-    }
-}
-
 /// The linear layers of a block, as a linear schedule names them (`kind=self|cross|ffn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearKind {
@@ -181,7 +162,7 @@ impl WanAttention {
     /// Runs the four projections in `format`.
     fn set_linears(&mut self, format: LinearFormat) -> Result<()> {
         for l in [&mut self.to_q, &mut self.to_k, &mut self.to_v, &mut self.to_out] {
-            convert(l, format)?;
+            l.convert(format)?;
         }
         Ok(())
     }
@@ -456,8 +437,8 @@ impl WanBlock {
         self.attn1.set_linears(format_of(LinearKind::SelfAttn))?;
         self.attn2.set_linears(format_of(LinearKind::CrossAttn))?;
         let f = format_of(LinearKind::Ffn);
-        convert(&mut self.ffn.up, f)?;
-        convert(&mut self.ffn.down, f)
+        self.ffn.up.convert(f)?;
+        self.ffn.down.convert(f)
     }
 
     /// The formats its linear layers run in: self-attention, cross-attention, FFN.
