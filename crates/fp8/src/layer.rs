@@ -126,21 +126,22 @@ impl Linear {
         })
     }
 
-    /// Runs a dense layer in `format` from now on (quantizing it now); a no-op when it
-    /// already runs so. An FP8 layer does not go back: its dense weights are gone.
+    /// Runs a dense layer in `format` from now on (quantizing it now). An FP8 layer keeps
+    /// its codes for any FP8 format (re-quantizing FP8 values to other scales would only
+    /// lose precision: an FP8 checkpoint runs as stored) and cannot become dense (its dense
+    /// weights are gone).
     pub fn convert(&mut self, format: LinearFormat) -> Result<()> {
-        if self.format() == format {
-            return Ok(());
-        }
-        match self {
-            Self::Dense(d) => {
-                *self = Self::new(d.clone(), format)?;
+        match (&*self, format) {
+            (Self::Dense(_), LinearFormat::Dense) | (Self::Fp8 { .. }, LinearFormat::Fp8(_)) => {
                 Ok(())
             }
-            Self::Fp8 { .. } => bail!(
-                "linear layer is already {} and cannot become {} (reload it instead)",
-                self.format().name(),
-                format.name()
+            (Self::Dense(d), f) => {
+                *self = Self::new(d.clone(), f)?;
+                Ok(())
+            }
+            (Self::Fp8 { .. }, LinearFormat::Dense) => bail!(
+                "linear layer is {} (an FP8 checkpoint, or converted before) and cannot become dense; load a dense checkpoint instead",
+                self.format().name()
             ),
         }
     }
@@ -238,15 +239,13 @@ impl Fp8Weight {
 }
 
 impl Linear {
-    /// Loads `{vb}.weight [out, in]` (and `{vb}.bias [out]` when `bias`): FP8 as stored when
+    /// Loads `{vb}.weight [out, in]` (and `{vb}.bias [out]` when `bias`) as stored: FP8 when
     /// the checkpoint holds it so (a `weight_scale_inv` or ComfyUI `scale_weight` beside an
-    /// F8E4M3 weight; dequantized to the model dtype when `format` is dense), otherwise
-    /// dense in the model dtype and then converted to `format`.
+    /// F8E4M3 weight), otherwise dense in the model dtype ([`Self::convert`] then chooses).
     pub fn load(
         in_dim: usize,
         out_dim: usize,
         bias: bool,
-        format: LinearFormat,
         vb: candle_nn::VarBuilder,
     ) -> Result<Self> {
         let b = if bias {
@@ -273,15 +272,9 @@ impl Linear {
             }
             let s = vb.get_unchecked_dtype(scale, DType::F32).map_err(ctx)?;
             let w = Fp8Weight::from_tensors(&codes, &s).map_err(ctx)?;
-            return match format {
-                LinearFormat::Dense => {
-                    let dense = w.dequantize(vb.device())?.to_dtype(vb.dtype())?;
-                    Ok(Self::Dense(candle_nn::Linear::new(dense, b)))
-                }
-                LinearFormat::Fp8(_) => Self::fp8_on(w, b, vb.device()),
-            };
+            return Self::fp8_on(w, b, vb.device());
         }
         let w = vb.get((out_dim, in_dim), "weight")?;
-        Self::new(candle_nn::Linear::new(w, b), format)
+        Ok(Self::Dense(candle_nn::Linear::new(w, b)))
     }
 }

@@ -90,17 +90,8 @@ fn hadamard_matrix(d: usize, dev: &Device) -> Result<Tensor> {
     Tensor::from_vec(data, (d, d), dev)
 }
 
-/// A projection as the checkpoint stores it: dense in the model dtype, or the FP8 codes and
-/// block scales of an FP8 checkpoint, kept as they are.
-fn proj(i: usize, o: usize, bias: bool, cfg: &Config, vb: VarBuilder) -> Result<Proj> {
-    let format = if cfg.fp8_block_weights {
-        mxattn_fp8::LinearFormat::Fp8(mxattn_fp8::Granularity::BLOCK128)
-    } else {
-        mxattn_fp8::LinearFormat::Dense
-    };
-    Proj::load(i, o, bias, format, vb)
-}
-
+/// Projections load as the checkpoint stores them (dense, or an FP8 checkpoint's codes and
+/// block scales kept as they are); `--linear` converts dense ones afterwards.
 #[derive(Debug)]
 struct Mlp {
     gate_proj: Proj,
@@ -113,9 +104,9 @@ impl Mlp {
     fn new(cfg: &Config, vb: VarBuilder) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(Self {
-            gate_proj: proj(h, i, false, cfg, vb.pp("gate_proj"))?,
-            up_proj: proj(h, i, false, cfg, vb.pp("up_proj"))?,
-            down_proj: proj(i, h, false, cfg, vb.pp("down_proj"))?,
+            gate_proj: Proj::load(h, i, false, vb.pp("gate_proj"))?,
+            up_proj: Proj::load(h, i, false, vb.pp("up_proj"))?,
+            down_proj: Proj::load(i, h, false, vb.pp("down_proj"))?,
             act: cfg.hidden_act,
         })
     }
@@ -185,10 +176,10 @@ impl Attention {
             None
         };
         Ok(Self {
-            q_proj: proj(h, nh * d, qkv_bias, cfg, vb.pp("q_proj"))?,
-            k_proj: proj(h, nkv * d, qkv_bias, cfg, vb.pp("k_proj"))?,
-            v_proj: proj(h, nkv * d, qkv_bias, cfg, vb.pp("v_proj"))?,
-            o_proj: proj(nh * d, h, o_bias, cfg, vb.pp("o_proj"))?,
+            q_proj: Proj::load(h, nh * d, qkv_bias, vb.pp("q_proj"))?,
+            k_proj: Proj::load(h, nkv * d, qkv_bias, vb.pp("k_proj"))?,
+            v_proj: Proj::load(h, nkv * d, qkv_bias, vb.pp("v_proj"))?,
+            o_proj: Proj::load(nh * d, h, o_bias, vb.pp("o_proj"))?,
             device: vb.device().clone(),
             qk_norm,
             num_heads: nh,

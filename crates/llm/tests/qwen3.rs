@@ -903,7 +903,7 @@ fn fp8_projections_follow_the_linear_schedule_within_e4m3_error() {
         .set_linears(&LinearSpec::parse("bf16").unwrap())
         .unwrap_err()
         .to_string();
-    assert!(err.contains("cannot become bf16"), "{err}");
+    assert!(err.contains("cannot become dense"), "{err}");
     let err = LinearSpec::parse("fp8@kind=ffn;bf16").unwrap_err().to_string();
     assert!(err.contains("not one of attn, mlp"), "{err}");
 }

@@ -529,3 +529,34 @@ fn fp8_linears_follow_the_schedule_within_e4m3_error() {
     let e = LinearSpec::parse("fp9").unwrap_err().to_string();
     assert!(e.contains("unknown linear format"), "{e}");
 }
+
+/// A checkpoint in ComfyUI's scaled-FP8 layout (original Wan names, each block projection an
+/// F8_E4M3 `weight` with a per-tensor `scale_weight`, a `scaled_fp8` marker) loads with its
+/// projections FP8 as stored and gives diffusers' output for the same FP8 arithmetic
+/// (`scripts/gen_wan_fp8_fixtures.py`: the dequantized weights, and each projection's input
+/// quantized per token by a pre-hook with ml_dtypes' E4M3).
+#[test]
+fn comfyui_scaled_fp8_checkpoint_matches_diffusers() {
+    let dir = fixtures().join("a14b_comfyui_fp8");
+    let m = WanTransformer::load(&dir, DType::F32, &DEV).unwrap();
+    assert_eq!(m.linear_summary(), "fp8-tensor: 6");
+    let want = candle_core::safetensors::load(dir.join("expected.safetensors"), &DEV).unwrap();
+    let c = case("a14b");
+    let out = run(&m, &c, &exact());
+    let d = max_abs_diff(&out, &want["out"]);
+    let apart = rel_l2(&want["out"], &c.out);
+    println!("ComfyUI FP8: max |diff| vs diffusers {d:.2e}; FP8 vs dense rel-L2 {apart:.2e}");
+    // not vacuous: FP8 moves the output well beyond the f32 parity of the dense model
+    assert!(apart > 1e-3, "{apart}");
+    assert!(d < 1e-4, "max |diff| {d}");
+    // its projections stay as stored under any FP8 schedule and refuse to become dense
+    let mut m = m;
+    m.set_linears(|_, _| mxattn_fp8::LinearFormat::Fp8(mxattn_fp8::Granularity::Channel))
+        .unwrap();
+    assert_eq!(m.linear_summary(), "fp8-tensor: 6");
+    let e = m
+        .set_linears(|_, _| mxattn_fp8::LinearFormat::Dense)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot become dense"), "{e}");
+}

@@ -35,10 +35,11 @@ pub(crate) fn linear(i: usize, o: usize, vb: VarBuilder) -> Result<Linear> {
     ))
 }
 
-/// A block's projection: dense as loaded, until a linear schedule makes it FP8
-/// ([`WanBlock::set_linears`]).
+/// A block's projection as the checkpoint stores it: dense, or FP8 (ComfyUI's scaled FP8:
+/// E4M3 `weight` and a per-tensor `scale_weight`) kept as stored; a linear schedule then
+/// makes dense ones FP8 ([`WanBlock::set_linears`]).
 fn proj(i: usize, o: usize, vb: VarBuilder) -> Result<Proj> {
-    Ok(Proj::Dense(linear(i, o, vb)?))
+    Proj::load(i, o, true, vb)
 }
 
 /// `x [b, n, in] · Wᵀ` of a projection, without its bias (the fused ops add it).

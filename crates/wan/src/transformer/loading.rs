@@ -11,7 +11,9 @@
 //! renaming [`VarBuilder`] ([`original_name`]), which also swaps `norm2`/`norm3` (the
 //! original calls its norms in the order norm1, norm3, norm2). Before mapping, every file is
 //! opened and every tensor the config implies looked up, so a missing, mis-shaped or non-float
-//! tensor is an error naming the file and the tensor.
+//! tensor is an error naming the file and the tensor. A projection may be stored in FP8
+//! (ComfyUI's scaled FP8 checkpoints: F8_E4M3 `weight` with a per-tensor `scale_weight`; or
+//! 128 × 128 `weight_scale_inv` blocks): it then loads and runs as stored.
 
 use super::config::TransformerConfig;
 use candle_core::{bail, Result};
@@ -225,9 +227,33 @@ pub fn check_files(cfg: &TransformerConfig, files: &TransformerFiles) -> Result<
             Layout::Diffusers => dname,
             Layout::Original => original_name(&dname),
         };
-        scan.check(&name, &shape, || {
-            format!("Wan transformer checkpoint ({layout:?} layout): tensor {name}")
-        })?;
+        let what = || format!("Wan transformer checkpoint ({layout:?} layout): tensor {name}");
+        // a block's projection in FP8 (ComfyUI's scaled FP8): E4M3 codes and a scale beside
+        // them (the blocks' only 2-D weights are projections; the embedders and the head
+        // must be dense, the model reads them so)
+        let stem = name
+            .strip_suffix(".weight")
+            .filter(|_| shape.len() == 2 && name.starts_with("blocks."));
+        let scale = stem.and_then(|s| {
+            ["scale_weight", "weight_scale_inv"]
+                .map(|k| format!("{s}.{k}"))
+                .into_iter()
+                .find(|n| scan.contains(n))
+        });
+        match scale {
+            Some(sname) => {
+                scan.check_fp8(&name, &shape, what)?;
+                let grid = [shape[0].div_ceil(128), shape[1].div_ceil(128)];
+                let shapes: [&[usize]; 3] = [&[], &[1], &grid];
+                if !shapes.iter().any(|s| scan.check(&sname, s, String::new).is_ok()) {
+                    bail!(
+                        "{}: tensor {sname} is not a float scale of shape [], [1] or {grid:?} (128×128 blocks of {name})",
+                        scan.searched()
+                    );
+                }
+            }
+            None => scan.check(&name, &shape, what)?,
+        }
     }
     Ok(layout)
 }
