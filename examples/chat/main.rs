@@ -11,6 +11,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser};
+use mxattn_cli::spans::SpanTimes;
 use mxattn_cli::{AttnArgs, AttnChoice, DeviceArgs, ModelArgs};
 
 /// The model `--model` names when it is not given.
@@ -130,6 +131,12 @@ struct Args {
     /// Print only the statistics, not the text.
     #[arg(long)]
     quiet: bool,
+    /// Time each stage of the decode steps (projections, norms, RoPE, cache append,
+    /// attention, MLP, output head, sampling) and print where a token's time goes. Every
+    /// stage synchronizes the device before and after, so the steps run slower than
+    /// without it: the shares are the measurement, not the tokens/s.
+    #[arg(long)]
+    profile: bool,
     /// Write the run's statistics as JSON here (load time, per turn: prompt tokens, time to
     /// first token, prefill and decode tokens/s, KV-cache bytes).
     #[arg(long)]
@@ -228,6 +235,11 @@ fn run(a: Args) -> Result<()> {
             "dtype": format!("{dtype:?}"), "device": format!("{device:?}"), "load_s": load_secs,
         }),
         turns: Vec::new(),
+        times: if a.profile {
+            Some(SpanTimes::install(mxattn_llm::profile::STAGES).map_err(anyhow::Error::msg)?)
+        } else {
+            None
+        },
     };
     let n_layers = model.config().num_hidden_layers;
     let resolved = schedule.resolve(n_layers)?;
@@ -375,6 +387,8 @@ struct Report {
     path: Option<PathBuf>,
     head: serde_json::Value,
     turns: Vec<serde_json::Value>,
+    /// `--profile`: the stage timer, on during decode steps only.
+    times: Option<SpanTimes>,
 }
 
 impl Report {
@@ -411,7 +425,16 @@ fn turn(
     let mut stream = tokenizer.map(TextStream::new);
     let mut stdout = std::io::stdout();
     let show = !a.quiet && stream.is_some();
+    if let Some(t) = &report.times {
+        t.set_on(false);
+        t.take();
+    }
+    let times = report.times.clone();
     let (generated, stats) = generate(model, prompt_ids, a.max_tokens, stop, sampler, |id| {
+        // the first token ends the prefill: time the decode steps from here
+        if let Some(t) = &times {
+            t.set_on(true);
+        }
         if stop.contains(&id) || !show {
             return Ok(());
         }
@@ -460,7 +483,33 @@ fn turn(
         mib(bf16),
         bf16 as f64 / stats.kv_cache_bytes.max(1) as f64
     );
+    let mut profile = Vec::new();
+    if let Some(t) = &report.times {
+        t.set_on(false);
+        let rows = t.take();
+        let steps = stats.decode_steps.max(1) as f64;
+        let total: f64 = rows.iter().map(|r| r.1).sum();
+        println!(
+            "decode profile over {} steps (device-synchronized stages; {:.2} ms per token in them):",
+            stats.decode_steps,
+            1e3 * total / steps
+        );
+        println!("| stage | ms per token | calls per token | share |\n|---|---|---|---|");
+        for (label, secs, n) in &rows {
+            println!(
+                "| {label} | {:.3} | {:.0} | {:.1} % |",
+                1e3 * secs / steps,
+                *n as f64 / steps,
+                100.0 * secs / total.max(1e-12)
+            );
+            profile.push(serde_json::json!({
+                "stage": label, "ms_per_token": 1e3 * secs / steps,
+                "calls_per_token": *n as f64 / steps,
+            }));
+        }
+    }
     report.push(serde_json::json!({
+        "profile": profile,
         "prompt_tokens": stats.prompt_tokens,
         // the prompt's forward and the first token's sampling
         "time_to_first_token_s": stats.prefill_secs,

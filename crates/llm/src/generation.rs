@@ -1,6 +1,7 @@
 //! The generation loop: prefill the prompt, then one token per step through the KV cache.
 
 use super::model::CausalLm;
+use super::profile::stage;
 use candle_core::{bail, Result, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use std::time::Instant;
@@ -145,9 +146,8 @@ pub fn generate(
         return Ok((out, stats));
     }
     let t0 = Instant::now();
-    let input = Tensor::new(prompt, &dev)?.unsqueeze(0)?;
-    let logits = model.forward_last(&input)?.squeeze(0)?;
-    let mut next = sampler.sample(&logits, &history)?;
+    let logits = model.forward_last_ids(prompt)?.squeeze(0)?;
+    let mut next = stage(&dev, "sampling", || sampler.sample(&logits, &history))?;
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     loop {
@@ -161,9 +161,8 @@ pub fn generate(
         if out.len() >= max_new {
             break;
         }
-        let input = Tensor::new(&[next], &dev)?.unsqueeze(0)?;
-        let logits = model.forward_last(&input)?.squeeze(0)?;
-        next = sampler.sample(&logits, &history)?;
+        let logits = model.forward_last_ids(&[next])?.squeeze(0)?;
+        next = stage(&dev, "sampling", || sampler.sample(&logits, &history))?;
         stats.decode_steps += 1;
     }
     // on_token's time (printing) is small next to a forward; it is not subtracted.

@@ -30,6 +30,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod loading;
 pub mod model;
+pub mod profile;
 pub mod schedule;
 pub mod smollm2;
 

@@ -20,6 +20,7 @@
 
 use super::config::Config;
 use super::kv_cache::LayerKvCache;
+use super::profile::stage;
 use super::schedule::{LayerSpec, LinearSpec, Schedule};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
@@ -114,8 +115,12 @@ impl Mlp {
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = x.apply(&self.gate_proj)?.apply(&self.act)?;
-        (g * x.apply(&self.up_proj)?)?.apply(&self.down_proj)
+        let dev = x.device();
+        let (g, u) = stage(dev, "MLP gate/up projections", || {
+            Ok((x.apply(&self.gate_proj)?, x.apply(&self.up_proj)?))
+        })?;
+        let h = stage(dev, "MLP SiLU × up", || g.apply(&self.act)? * u)?;
+        stage(dev, "MLP down projection", || h.apply(&self.down_proj))
     }
 }
 
@@ -225,33 +230,31 @@ impl Attention {
         let (b, l, _) = x.dims3()?;
         let offset = self.cache.len();
         let (nh, nkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = x
-            .apply(&self.q_proj)?
-            .reshape((b, l, nh, d))?
-            .transpose(1, 2)?;
-        let k = x
-            .apply(&self.k_proj)?
-            .reshape((b, l, nkv, d))?
-            .transpose(1, 2)?;
-        let v = x
-            .apply(&self.v_proj)?
-            .reshape((b, l, nkv, d))?
-            .transpose(1, 2)?;
-        // Qwen3: per-head RMSNorm over head_dim, before RoPE
-        let (q, k) = match &self.qk_norm {
-            Some((q_norm, k_norm)) => (
-                q_norm
-                    .forward(&q.contiguous()?.flatten(0, 2)?)?
-                    .reshape((b, nh, l, d))?,
-                k_norm
-                    .forward(&k.contiguous()?.flatten(0, 2)?)?
-                    .reshape((b, nkv, l, d))?,
-            ),
-            None => (q, k),
-        };
-        let (q, k) = self.rotary.apply(&q, &k, offset)?;
-        let (q, k) = (self.rotate(&q)?, self.rotate(&k)?);
-        let v = v.contiguous()?;
+        let dev = x.device();
+        let (q, k, v) = stage(dev, "q/k/v projections", || {
+            let heads = |p: &Proj, n: usize| x.apply(p)?.reshape((b, l, n, d))?.transpose(1, 2);
+            Ok((
+                heads(&self.q_proj, nh)?,
+                heads(&self.k_proj, nkv)?,
+                heads(&self.v_proj, nkv)?,
+            ))
+        })?;
+        let (q, k, v) = stage(dev, "q/k norm, RoPE", || {
+            // Qwen3: per-head RMSNorm over head_dim, before RoPE
+            let (q, k) = match &self.qk_norm {
+                Some((q_norm, k_norm)) => (
+                    q_norm
+                        .forward(&q.contiguous()?.flatten(0, 2)?)?
+                        .reshape((b, nh, l, d))?,
+                    k_norm
+                        .forward(&k.contiguous()?.flatten(0, 2)?)?
+                        .reshape((b, nkv, l, d))?,
+                ),
+                None => (q, k),
+            };
+            let (q, k) = self.rotary.apply(&q, &k, offset)?;
+            Ok((self.rotate(&q)?, self.rotate(&k)?, v.contiguous()?))
+        })?;
         if self.capture {
             self.captured = Some(Qkv {
                 q: q.clone(),
@@ -259,7 +262,7 @@ impl Attention {
                 v: v.clone(),
             });
         }
-        self.cache.push(&k, &v)?;
+        stage(dev, "KV-cache append", || self.cache.push(&k, &v))?;
         let cfg = self.spec.attn.clone().with_causal(true);
         // The cache as stored: a decode step on CUDA reads MX codes directly; otherwise
         // the views are dequantized and the attention op runs on them.
@@ -273,12 +276,16 @@ impl Attention {
             checks: DeviceChecks::Deferred,
             ..Default::default()
         };
-        let o = attention_decode_ext(&q, &kv, &vv, &cfg, &opts).map_err(|e| {
-            candle_core::Error::Msg(format!("layer {} ({}): {e}", self.index, cfg.label()))
+        let o = stage(dev, "attention", || {
+            attention_decode_ext(&q, &kv, &vv, &cfg, &opts).map_err(|e| {
+                candle_core::Error::Msg(format!("layer {} ({}): {e}", self.index, cfg.label()))
+            })
         })?;
-        o.transpose(1, 2)?
-            .reshape((b, l, nh * d))?
-            .apply(&self.o_proj)
+        stage(dev, "o projection", || {
+            o.transpose(1, 2)?
+                .reshape((b, l, nh * d))?
+                .apply(&self.o_proj)
+        })
     }
 }
 
@@ -311,10 +318,13 @@ impl DecoderLayer {
     }
 
     fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
-        let h = self.attn.forward(&self.ln1.forward(x)?)?;
-        let x = (x + h)?;
-        let h = self.mlp.forward(&self.ln2.forward(&x)?)?;
-        x + h
+        let dev = x.device();
+        let n = stage(dev, "RMSNorm", || self.ln1.forward(x))?;
+        let h = self.attn.forward(&n)?;
+        let x = stage(dev, "residual add", || x + h)?;
+        let n = stage(dev, "RMSNorm", || self.ln2.forward(&x))?;
+        let h = self.mlp.forward(&n)?;
+        stage(dev, "residual add", || x + h)
     }
 }
 
@@ -502,15 +512,23 @@ impl CausalLm {
             bail!("decoder: empty input");
         }
         self.check_ids(input)?;
-        let mut h = self.embed_tokens.forward(input)?;
+        self.forward_hidden_checked(input)
+    }
+
+    /// [`Self::forward_hidden`] of ids already checked against the vocabulary.
+    fn forward_hidden_checked(&mut self, input: &Tensor) -> Result<Tensor> {
+        let dev = input.device().clone();
+        let mut h = stage(&dev, "embedding", || self.embed_tokens.forward(input))?;
         for layer in &mut self.layers {
             h = layer.forward(&h)?;
         }
         // the layers' deferred attention checks (non-finite inputs, overflow): one read per
         // forward, none when every layer ran the decode kernel
-        mxattn::attention::check_device(h.device())
-            .map_err(|e| candle_core::Error::Msg(format!("forward: {e}")))?;
-        self.norm.forward(&h)
+        stage(&dev, "deferred attention checks", || {
+            mxattn::attention::check_device(&dev)
+                .map_err(|e| candle_core::Error::Msg(format!("forward: {e}")))
+        })?;
+        stage(&dev, "final RMSNorm", || self.norm.forward(&h))
     }
 
     /// Logits `[b, l, vocab]` (f32) for every position of `input`.
@@ -523,11 +541,35 @@ impl CausalLm {
     /// Logits `[b, vocab]` (f32) of the last position only (generation).
     pub fn forward_last(&mut self, input: &Tensor) -> Result<Tensor> {
         let h = self.forward_hidden(input)?;
+        self.head_of_last(&h)
+    }
+
+    /// Logits `[1, vocab]` (f32) of the last of `ids` (one sequence), which continue the
+    /// cached sequence. The ids are checked on the host, so a GPU decode step does not read
+    /// back from the device for it (as [`Self::forward_last`] on a device tensor must).
+    pub fn forward_last_ids(&mut self, ids: &[u32]) -> Result<Tensor> {
+        if ids.is_empty() {
+            bail!("decoder: empty input");
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!(
+                "decoder: token id {bad} is outside the vocabulary (vocab_size {})",
+                self.cfg.vocab_size
+            );
+        }
+        let input = Tensor::new(ids, &self.device)?.unsqueeze(0)?;
+        let h = self.forward_hidden_checked(&input)?;
+        self.head_of_last(&h)
+    }
+
+    fn head_of_last(&self, h: &Tensor) -> Result<Tensor> {
         let l = h.dim(1)?;
-        h.narrow(1, l - 1, 1)?
-            .squeeze(1)?
-            .apply(&self.lm_head)?
-            .to_dtype(DType::F32)
+        stage(h.device(), "output head", || {
+            h.narrow(1, l - 1, 1)?
+                .squeeze(1)?
+                .apply(&self.lm_head)?
+                .to_dtype(DType::F32)
+        })
     }
 
     /// An id past the vocabulary would read past the embedding table.
