@@ -7,7 +7,7 @@ mod checks;
 mod launch;
 mod params;
 
-pub(crate) use checks::check_deferred;
+pub(crate) use checks::{check_deferred, deferred_flags_addr};
 use checks::Checks;
 use launch::{launch, prepare};
 use params::{dtype_id, params, Tables};

@@ -9,6 +9,8 @@
 //! op rounds it there too, so both agree to rounding of the f32 sums (the CPU sums in f64).
 
 mod ada_layer_norm;
+#[cfg(feature = "cuda")]
+pub mod fp8;
 mod bias_gelu;
 mod bias_residual;
 mod merge_heads;

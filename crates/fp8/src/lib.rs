@@ -27,6 +27,11 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use mxattn::mx::ElemFormat;
 use std::path::Path;
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+pub use cuda::GemmPath;
+
 /// E4M3's largest finite value: a group's amax maps to it.
 pub const E4M3_MAX: f32 = 448.0;
 
@@ -303,13 +308,53 @@ pub fn quantize_activations_grouped(x: &Tensor, group: Option<usize>) -> Result<
     Tensor::from_vec(q, dims, &Device::Cpu)?.to_device(x.device())
 }
 
+/// The E4M3 codes and scales of `x [.., inp]` as [`quantize_activations_grouped`] defines
+/// them: codes row-major `[rows, inp]`, scales row-major `[rows, groups]` (one group per
+/// row for `None`). What the GPU kernel must produce bit for bit.
+pub fn quantize_activation_codes(
+    x: &Tensor,
+    group: Option<usize>,
+) -> Result<(Vec<u8>, Vec<f32>)> {
+    let inp = *x.dims().last().unwrap_or(&0);
+    let group = group.unwrap_or(inp).min(inp).max(1);
+    let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+        bail!(
+            "FP8 linear: input holds a non-finite value ({}) at flat index {p}",
+            v[p]
+        );
+    }
+    let (mut codes, mut scales) = (Vec::with_capacity(v.len()), Vec::new());
+    for row in v.chunks(inp.max(1)) {
+        for g in row.chunks(group) {
+            let s = group_scale(g.iter().fold(0f32, |m, x| m.max(x.abs())));
+            scales.push(s);
+            codes.extend(g.iter().map(|&x| quantize_with(x, s).0));
+        }
+    }
+    Ok((codes, scales))
+}
+
 /// A linear layer with FP8 weights and activations.
+///
+/// On the CPU it computes the reference (the weight's f32 values are made once, on the
+/// first CPU call or at construction on the CPU). Built for a CUDA device (feature `cuda`),
+/// it keeps the E4M3 codes and the scales on the device (no f32 copy of the weight) and a
+/// CUDA input runs the GPU path (`cuda.rs`): activations quantized on the device, the FP8
+/// GEMM by cuBLASLt. A CUDA call's non-finite-input check is deferred: it joins the
+/// device's gathered checks, which `mxattn::attention::check_device` reads (the models do,
+/// once per forward), so a call never waits for the GPU; [`Fp8Linear::forward_checked`]
+/// reads it at the end of the call instead (one synchronization).
 #[derive(Clone, Debug)]
 pub struct Fp8Linear {
     weight: Fp8Weight,
-    /// The weight's values `[out, inp]` f32, for the reference product.
-    values: Tensor,
+    /// The weight's values `[out, inp]` f32 on the CPU, for the reference product.
+    values: std::sync::Arc<std::sync::OnceLock<Tensor>>,
     bias: Option<Tensor>,
+    #[cfg(feature = "cuda")]
+    gpu: Option<std::sync::Arc<cuda::GpuWeight>>,
+    #[cfg(feature = "cuda")]
+    force_fallback: bool,
 }
 
 impl Fp8Linear {
@@ -319,12 +364,41 @@ impl Fp8Linear {
                 bail!("FP8 linear: bias {:?} for {} outputs", b.dims(), weight.out);
             }
         }
-        let values = weight.dequantize(device)?;
+        let values = std::sync::Arc::new(std::sync::OnceLock::new());
+        #[cfg(feature = "cuda")]
+        let gpu = match device {
+            Device::Cuda(d) => Some(std::sync::Arc::new(cuda::GpuWeight::upload(
+                &weight,
+                bias.as_ref(),
+                d,
+            )?)),
+            _ => None,
+        };
+        if device.is_cpu() {
+            let _ = values.set(weight.dequantize(&Device::Cpu)?);
+        }
+        let bias = match bias {
+            Some(b) => Some(b.to_device(device)?),
+            None => None,
+        };
         Ok(Self {
             weight,
             values,
             bias,
+            #[cfg(feature = "cuda")]
+            gpu,
+            #[cfg(feature = "cuda")]
+            force_fallback: false,
         })
+    }
+
+    /// The weight's f32 values on the CPU (made on first use).
+    fn values(&self) -> Result<&Tensor> {
+        if let Some(v) = self.values.get() {
+            return Ok(v);
+        }
+        let v = self.weight.dequantize(&Device::Cpu)?;
+        Ok(self.values.get_or_init(|| v))
     }
 
     pub fn weight(&self) -> &Fp8Weight {
@@ -344,9 +418,20 @@ impl Fp8Linear {
         }
     }
 
-    /// `x [.., inp]` → `[.., out]` in x's dtype: the reference of the FP8 GEMM (the product
-    /// of the FP8 values accumulated in f32).
+    /// `x [.., inp]` → `[.., out]` in x's dtype: on the CPU the reference of the FP8 GEMM
+    /// (the product of the FP8 values accumulated in f32); on CUDA the GPU path, its
+    /// non-finite-input check deferred (see the type's doc).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_impl(x, false)
+    }
+
+    /// As [`Self::forward`], but a CUDA call reads its non-finite-input check at its end
+    /// (one host synchronization) and errs there, as the CPU does.
+    pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_impl(x, true)
+    }
+
+    fn forward_impl(&self, x: &Tensor, checked: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let inp = *dims.last().unwrap_or(&0);
         if inp != self.weight.inp {
@@ -356,15 +441,57 @@ impl Fp8Linear {
                 self.weight.inp
             );
         }
+        if let Device::Cuda(_) = x.device() {
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &self.gpu {
+                let checks = if checked {
+                    mxattn::attention::DeviceChecks::PerCall
+                } else {
+                    mxattn::attention::DeviceChecks::Deferred
+                };
+                return g.forward(x, self.activation_group(), checks, self.force_fallback);
+            }
+            bail!(
+                "FP8 linear [{}, {}]: input on CUDA, but the layer was not built for a CUDA device{}",
+                self.weight.out,
+                self.weight.inp,
+                if cfg!(feature = "cuda") {
+                    ""
+                } else {
+                    " (mxattn-fp8 is built without its `cuda` feature)"
+                }
+            );
+        }
+        let _ = checked;
         let rows = x.elem_count() / inp.max(1);
         let a = quantize_activations_grouped(x, self.activation_group())?.reshape((rows, inp))?;
-        let mut y = a.matmul(&self.values.t()?)?;
+        let mut y = a.matmul(&self.values()?.t()?)?;
         if let Some(b) = &self.bias {
-            y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;
+            y = y.broadcast_add(&b.to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
         }
         let mut out = dims;
         *out.last_mut().expect("rank ≥ 1") = self.weight.out;
         y.reshape(out)?.to_dtype(x.dtype())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Fp8Linear {
+    /// CUDA: take the fallback GEMM (scalar-scaled cuBLASLt GEMMs and mxattn's scale
+    /// epilogue) even where cuBLASLt takes the scales itself: for tests and benchmarks.
+    pub fn set_force_fallback(&mut self, on: bool) {
+        self.force_fallback = on;
+    }
+
+    /// The GEMM the last CUDA forward of this layer (or a clone of it) ran; None before one.
+    pub fn last_gpu_path(&self) -> Option<GemmPath> {
+        self.gpu.as_ref().and_then(|g| g.last_path())
+    }
+
+    /// Bytes the layer holds on its CUDA device (E4M3 codes, padded, and the f32 scales);
+    /// None for a CPU layer.
+    pub fn device_bytes(&self) -> Option<usize> {
+        self.gpu.as_ref().map(|g| g.device_bytes())
     }
 }
 
