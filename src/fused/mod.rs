@@ -9,10 +9,10 @@
 //! op rounds it there too, so both agree to rounding of the f32 sums (the CPU sums in f64).
 
 mod ada_layer_norm;
-#[cfg(feature = "cuda")]
-pub mod fp8;
 mod bias_gelu;
 mod bias_residual;
+#[cfg(feature = "cuda")]
+pub mod fp8;
 mod merge_heads;
 mod split_heads;
 

@@ -189,7 +189,9 @@ impl GpuWeight {
         };
         let stream = dev.cuda_stream();
         let codes = wrap(
-            stream.clone_htod(&codes).map_err(candle_core::Error::wrap)?,
+            stream
+                .clone_htod(&codes)
+                .map_err(candle_core::Error::wrap)?,
             dev,
             (out_p, k_p),
         );
@@ -304,12 +306,13 @@ impl GpuWeight {
                 if self.out_p != self.out {
                     y = y.narrow(1, 0, self.out)?.contiguous()?;
                 }
-                if path == (GemmPath::Scaled { bias_epilogue: false }) {
+                if path
+                    == (GemmPath::Scaled {
+                        bias_epilogue: false,
+                    })
+                {
                     if let Some(b) = &self.bias_f32 {
-                        y = y
-                            .to_dtype(DType::F32)?
-                            .broadcast_add(b)?
-                            .to_dtype(dt)?;
+                        y = y.to_dtype(DType::F32)?.broadcast_add(b)?.to_dtype(dt)?;
                     }
                 }
                 return y.reshape(out_dims);
@@ -393,7 +396,10 @@ impl GpuWeight {
             Granularity::Block { rows, cols } => (cols, self.k.div_ceil(cols), rows, self.l4),
         };
         if q.groups() != groups {
-            bail!("FP8 linear: internal error: {} activation groups for {groups} weight groups", q.groups());
+            bail!(
+                "FP8 linear: internal error: {} activation groups for {groups} weight groups",
+                q.groups()
+            );
         }
         let p = alloc(&self.dev, DType::F32, t_p, self.out_p)?;
         let acc = if groups > 1 {
@@ -455,7 +461,11 @@ impl GpuWeight {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum PlanKind {
-    Scaled { a_mode: i32, b_mode: i32, bias: bool },
+    Scaled {
+        a_mode: i32,
+        b_mode: i32,
+        bias: bool,
+    },
     /// Scalar scales of 1 (none set).
     Unit,
 }
@@ -527,13 +537,21 @@ unsafe fn set<T>(
     attr: sys::cublasLtMatmulDescAttributes_t,
     v: &T,
 ) -> std::result::Result<(), lt::CublasError> {
-    lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, std::mem::size_of::<T>())
+    lt::set_matmul_desc_attribute(
+        desc,
+        attr,
+        v as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )
 }
 
 use sys::cublasLtMatmulDescAttributes_t as Attr;
 
 /// The per-call pointers of a plan's descriptor.
-unsafe fn set_pointers(desc: sys::cublasLtMatmulDesc_t, g: &Gemm) -> std::result::Result<(), lt::CublasError> {
+unsafe fn set_pointers(
+    desc: sys::cublasLtMatmulDesc_t,
+    g: &Gemm,
+) -> std::result::Result<(), lt::CublasError> {
     if let PlanKind::Scaled { bias, .. } = g.kind {
         let (a, b) = (g.a_scale as *const c_void, g.b_scale as *const c_void);
         set(desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a)?;
@@ -567,7 +585,12 @@ impl Plan {
         // cublasOperation_t: 1 = T, 0 = N
         set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
         set(desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
-        if let PlanKind::Scaled { a_mode, b_mode, bias } = g.kind {
+        if let PlanKind::Scaled {
+            a_mode,
+            b_mode,
+            bias,
+        } = g.kind
+        {
             // a refused mode is a refusal of the plan, not an error of the call
             if set(desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode).is_err()
                 || set(desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode).is_err()
@@ -615,7 +638,8 @@ fn run_gemm(dev: &CudaDevice, g: &Gemm) -> Result<bool> {
     let i = match contexts.iter().position(|c| c.device == dev.id()) {
         Some(i) => i,
         None => {
-            let handle = lt::create_handle().map_err(|e| cu(e, "FP8 linear: creating the handle"))?;
+            let handle =
+                lt::create_handle().map_err(|e| cu(e, "FP8 linear: creating the handle"))?;
             let workspace = dev.alloc_zeros::<u8>(WORKSPACE)?;
             contexts.push(Context {
                 device: dev.id(),
@@ -655,8 +679,7 @@ fn run_gemm(dev: &CudaDevice, g: &Gemm) -> Result<bool> {
     // SAFETY: A holds m·ld_ab codes (k ≤ ld_ab used per column), B n·ld_ab, D m·n of
     // d_type; the scale and bias pointers hold what their modes read (module doc).
     let status = unsafe {
-        set_pointers(plan.desc, g)
-            .map_err(|e| cu(e, "FP8 linear: setting the GEMM's pointers"))?;
+        set_pointers(plan.desc, g).map_err(|e| cu(e, "FP8 linear: setting the GEMM's pointers"))?;
         lt::matmul(
             handle,
             plan.desc,

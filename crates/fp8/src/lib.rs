@@ -311,10 +311,7 @@ pub fn quantize_activations_grouped(x: &Tensor, group: Option<usize>) -> Result<
 /// The E4M3 codes and scales of `x [.., inp]` as [`quantize_activations_grouped`] defines
 /// them: codes row-major `[rows, inp]`, scales row-major `[rows, groups]` (one group per
 /// row for `None`). What the GPU kernel must produce bit for bit.
-pub fn quantize_activation_codes(
-    x: &Tensor,
-    group: Option<usize>,
-) -> Result<(Vec<u8>, Vec<f32>)> {
+pub fn quantize_activation_codes(x: &Tensor, group: Option<usize>) -> Result<(Vec<u8>, Vec<f32>)> {
     let inp = *x.dims().last().unwrap_or(&0);
     let group = group.unwrap_or(inp).min(inp).max(1);
     let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
