@@ -285,7 +285,7 @@ impl GpuWeight {
         if !matches!(dt, DType::F32 | DType::BF16 | DType::F16) {
             bail!("FP8 linear: input dtype {dt:?} unsupported on CUDA (f32, bf16, f16)");
         }
-        let t = x.elem_count() / self.k;
+        let t = x.elem_count() / self.k.max(1);
         let mut out_dims = dims.clone();
         *out_dims.last_mut().expect("rank ≥ 1") = self.out;
         if t == 0 {

@@ -19,6 +19,11 @@
 //! per-tensor `scale_weight`) and the block-scaled layout of Qwen3-*-FP8 (`weight` E4M3 and
 //! `weight_scale_inv` per 128 × 128 block, which despite its name multiplies the codes).
 //!
+//! **On CUDA** (feature `cuda`, `cuda.rs`) a layer built for the GPU keeps the codes and
+//! scales there, quantizes activations with `kernels/fp8_quantize.cu` (the reference's codes
+//! and scales bit for bit) and multiplies with cuBLASLt's FP8 GEMM; `GemmPath` says whether
+//! cuBLASLt took the scales itself or the fallback ran.
+//!
 //! Per-channel scales are the default for quantizing at load: one outlier weight then costs
 //! only its own row's precision, and the scale folds into the GEMM's epilogue as one vector;
 //! 128 × 128 blocks are what the official FP8 checkpoints ship.
