@@ -177,7 +177,11 @@ fn check_close(what: &str, got: &[f32], y: &[f32], s: &[f32], bias: &[f32], out:
         let e = s[i] as f64 + b.abs();
         // 2u: where the bias is added after a rounded GEMM output, x's dtype rounds twice;
         // 2⁻²⁵: half f16's smallest subnormal step
-        let tiny = if dt == DType::F16 { 2f64.powi(-25) } else { 0.0 };
+        let tiny = if dt == DType::F16 {
+            2f64.powi(-25)
+        } else {
+            0.0
+        };
         let bound = e + 2.0 * u * ((r as f64).abs() + e + b.abs()) + tiny + 1e-30;
         let d = (g as f64 - r as f64).abs();
         assert!(
