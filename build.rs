@@ -24,6 +24,7 @@ const NO_FMA: &[&str] = &[
     "mx_quantize.cu",
     "attention_simple.cu",
     "attention_wgmma_pack.cu",
+    "fp8_quantize.cu",
 ];
 
 /// One target: the compute capability as a number (90) and whether it is the

@@ -27,11 +27,21 @@ for l in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'gpu':
         print(m['executable'])"
 }
+# The FP8 linear layer's GPU tests (crates/fp8/tests/gpu.rs, test target `fp8_gpu`).
+fp8_test_bin() {
+  cargo test --release -p mxattn-fp8 --features cuda --test fp8_gpu --no-run --message-format=json 2>/dev/null \
+    | python3 -c "import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'fp8_gpu':
+        print(m['executable'])"
+}
 packed=()
 cp "$(gpu_test_bin)" .gpu/gpu; packed+=(.gpu/gpu)
-cargo build --release --features cuda --example bench_gpu --example chat --example wan22 --example wan_transformer --bin wan_fidelity
+cp "$(fp8_test_bin)" .gpu/fp8_gpu; packed+=(.gpu/fp8_gpu)
+cargo build --release --features cuda --example bench_gpu --example chat --example wan22 --example wan_transformer --bin wan_fidelity --bin bench_fp8_linear
 for e in bench_gpu chat wan22 wan_transformer; do cp "$CARGO_TARGET_DIR/release/examples/$e" ".gpu/$e"; packed+=(".gpu/$e"); done
-cp "$CARGO_TARGET_DIR/release/wan_fidelity" .gpu/wan_fidelity; packed+=(.gpu/wan_fidelity)
+for b in wan_fidelity bench_fp8_linear; do cp "$CARGO_TARGET_DIR/release/$b" ".gpu/$b"; packed+=(".gpu/$b"); done
 if [ "${BUNDLE_NCCL:-0}" = 1 ]; then
   cargo build --release -p mxattn-examples --features nccl --example wan22
   cp "$CARGO_TARGET_DIR/release/examples/wan22" .gpu/wan22_nccl; packed+=(.gpu/wan22_nccl)

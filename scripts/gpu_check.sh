@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs on the H200 (through the device tool), from the repo root, with the test binary
-# built here by `cargo test --release --features cuda --test gpu --no-run` and carried,
+# Runs on the H200 (through the device tool), from the repo root, with the test binaries
+# built here by `cargo test --release --features cuda --test gpu --no-run` (and the FP8
+# linear layer's, `-p mxattn-fp8 --test fp8_gpu`) and carried,
 # xz-compressed, in .gpu/ (see scripts/build_gpu_bundle.sh). Output goes to $OUT.
 #
 # Fails (non-zero exit) when any GPU test fails, when no GPU is found (MXATTN_REQUIRE_GPU=1
@@ -29,6 +30,7 @@ step() {
   fi
 }
 step "GPU tests" gpu_tests.txt timeout 300 ./.gpu/gpu --test-threads=1 --nocapture
+step "FP8 linear GPU tests" fp8_gpu_tests.txt timeout 300 ./.gpu/fp8_gpu --test-threads=1 --nocapture
 if [ -x .gpu/gpu_sm80 ]; then
   # mxattn's kernels built for 8.0 only: on the H200 the driver JITs their PTX, and every
   # call the wgmma kernel would take runs on mma.sync (the tests check both).

@@ -129,7 +129,9 @@ pub struct DeferredReport {
 
 /// Reads (one synchronization) and resets the gathered checks of `device`'s deferred calls:
 /// an error if any of them had a non-finite input or an overflowing score, else their
-/// counts. Nothing to read on the CPU (its calls check as they run).
+/// counts. The FP8 linear layers' activation quantization (`mxattn::fused::fp8`, used by
+/// `mxattn-fp8` on CUDA) gathers its non-finite-input check here too, and counts as a call.
+/// Nothing to read on the CPU (its calls check as they run).
 pub fn check_device(device: &candle_core::Device) -> Result<DeferredReport> {
     #[cfg(feature = "cuda")]
     if let candle_core::Device::Cuda(d) = device {

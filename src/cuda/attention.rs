@@ -7,8 +7,8 @@ mod checks;
 mod launch;
 mod params;
 
-pub(crate) use checks::check_deferred;
 use checks::Checks;
+pub(crate) use checks::{check_deferred, deferred_flags_addr};
 use launch::{launch, prepare};
 use params::{dtype_id, params, Tables};
 

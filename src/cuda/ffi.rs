@@ -171,6 +171,36 @@ extern "C" {
         bias: *const c_void,
         stream: Stream,
     ) -> i32;
+    pub fn mxa_fp8_quantize(
+        x: *const c_void,
+        dtype: i32,
+        rows: i64,
+        rows_p: i64,
+        k: i64,
+        ldc: i64,
+        group: i64,
+        codes: *mut u8,
+        scales: *mut f32,
+        flags: *mut u32,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_fp8_epilogue(
+        p: *const f32,
+        ldp: i64,
+        rows: i64,
+        cols: i64,
+        sw: *const f32,
+        sw_ob: i64,
+        sw_ostride: i64,
+        sx: *const f32,
+        acc: *mut f32,
+        first: i32,
+        last: i32,
+        bias: *const f32,
+        out: *mut c_void,
+        out_dtype: i32,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_decode_splits(n: i32) -> i32;
     pub fn mxa_decode_supported(d: i32, hq: i32, hkv: i32, sq: i32) -> i32;
     pub fn mxa_attention_decode(p: *const DecodeParams, stream: Stream) -> i32;

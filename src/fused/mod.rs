@@ -11,6 +11,8 @@
 mod ada_layer_norm;
 mod bias_gelu;
 mod bias_residual;
+#[cfg(feature = "cuda")]
+pub mod fp8;
 mod merge_heads;
 mod split_heads;
 

@@ -19,6 +19,11 @@
 //! per-tensor `scale_weight`) and the block-scaled layout of Qwen3-*-FP8 (`weight` E4M3 and
 //! `weight_scale_inv` per 128 × 128 block, which despite its name multiplies the codes).
 //!
+//! **On CUDA** (feature `cuda`, `cuda.rs`) a layer built for the GPU keeps the codes and
+//! scales there, quantizes activations with `kernels/fp8_quantize.cu` (the reference's codes
+//! and scales bit for bit) and multiplies with cuBLASLt's FP8 GEMM; `GemmPath` says whether
+//! cuBLASLt took the scales itself or the fallback ran.
+//!
 //! Per-channel scales are the default for quantizing at load: one outlier weight then costs
 //! only its own row's precision, and the scale folds into the GEMM's epilogue as one vector;
 //! 128 × 128 blocks are what the official FP8 checkpoints ship.
@@ -27,7 +32,11 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use mxattn::mx::ElemFormat;
 use std::path::Path;
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod layer;
+#[cfg(feature = "cuda")]
+pub use cuda::GemmPath;
 pub use layer::{Linear, LinearFormat};
 
 /// E4M3's largest finite value: a group's amax maps to it.
@@ -284,10 +293,27 @@ pub fn quantize_activations(x: &Tensor) -> Result<Tensor> {
 }
 
 /// The FP8 values of `x [.., inp]` in f32, each row's `group`-wide slices along the last
-/// axis (the whole row for `None`; the last slice may be shorter) with their own scale.
+/// axis (the whole row for `None`; the last slice may be shorter) with their own scale:
+/// the decoded [`quantize_activation_codes`].
 pub fn quantize_activations_grouped(x: &Tensor, group: Option<usize>) -> Result<Tensor> {
-    let dims = x.dims().to_vec();
-    let inp = *dims.last().unwrap_or(&0);
+    let inp = *x.dims().last().unwrap_or(&0);
+    let g = group.unwrap_or(inp).min(inp).max(1);
+    let per_row = inp.div_ceil(g);
+    let (codes, scales) = quantize_activation_codes(x, group)?;
+    let table = ElemFormat::E4M3.decode_table();
+    let q = codes
+        .iter()
+        .enumerate()
+        .map(|(p, &c)| table[c as usize] * scales[(p / inp) * per_row + (p % inp) / g])
+        .collect();
+    Tensor::from_vec(q, x.dims(), &Device::Cpu)?.to_device(x.device())
+}
+
+/// The E4M3 codes and scales of `x [.., inp]` as [`quantize_activations_grouped`] defines
+/// them: codes row-major `[rows, inp]`, scales row-major `[rows, groups]` (one group per
+/// row for `None`). What the GPU kernel must produce bit for bit.
+pub fn quantize_activation_codes(x: &Tensor, group: Option<usize>) -> Result<(Vec<u8>, Vec<f32>)> {
+    let inp = *x.dims().last().unwrap_or(&0);
     let group = group.unwrap_or(inp).min(inp).max(1);
     let v: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     if let Some(p) = v.iter().position(|x| !x.is_finite()) {
@@ -296,23 +322,37 @@ pub fn quantize_activations_grouped(x: &Tensor, group: Option<usize>) -> Result<
             v[p]
         );
     }
-    let mut q = Vec::with_capacity(v.len());
+    let (mut codes, mut scales) = (Vec::with_capacity(v.len()), Vec::new());
     for row in v.chunks(inp.max(1)) {
         for g in row.chunks(group) {
             let s = group_scale(g.iter().fold(0f32, |m, x| m.max(x.abs())));
-            q.extend(g.iter().map(|&x| quantize_with(x, s).1));
+            scales.push(s);
+            codes.extend(g.iter().map(|&x| quantize_with(x, s).0));
         }
     }
-    Tensor::from_vec(q, dims, &Device::Cpu)?.to_device(x.device())
+    Ok((codes, scales))
 }
 
 /// A linear layer with FP8 weights and activations.
+///
+/// On the CPU it computes the reference (the weight's f32 values are made once, on the
+/// first CPU call or at construction on the CPU). Built for a CUDA device (feature `cuda`),
+/// it keeps the E4M3 codes and the scales on the device (no f32 copy of the weight) and a
+/// CUDA input runs the GPU path (`cuda.rs`): activations quantized on the device, the FP8
+/// GEMM by cuBLASLt. A CUDA call's non-finite-input check is deferred: it joins the
+/// device's gathered checks, which `mxattn::attention::check_device` reads (the models do,
+/// once per forward), so a call never waits for the GPU; [`Fp8Linear::forward_checked`]
+/// reads it at the end of the call instead (one synchronization).
 #[derive(Clone, Debug)]
 pub struct Fp8Linear {
     weight: Fp8Weight,
-    /// The weight's values `[out, inp]` f32, for the reference product.
-    values: Tensor,
+    /// The weight's values `[out, inp]` f32 on the CPU, for the reference product.
+    values: std::sync::Arc<std::sync::OnceLock<Tensor>>,
     bias: Option<Tensor>,
+    #[cfg(feature = "cuda")]
+    gpu: Option<std::sync::Arc<cuda::GpuWeight>>,
+    #[cfg(feature = "cuda")]
+    force_fallback: bool,
 }
 
 impl Fp8Linear {
@@ -322,12 +362,41 @@ impl Fp8Linear {
                 bail!("FP8 linear: bias {:?} for {} outputs", b.dims(), weight.out);
             }
         }
-        let values = weight.dequantize(device)?;
+        let values = std::sync::Arc::new(std::sync::OnceLock::new());
+        #[cfg(feature = "cuda")]
+        let gpu = match device {
+            Device::Cuda(d) => Some(std::sync::Arc::new(cuda::GpuWeight::upload(
+                &weight,
+                bias.as_ref(),
+                d,
+            )?)),
+            _ => None,
+        };
+        if device.is_cpu() {
+            let _ = values.set(weight.dequantize(&Device::Cpu)?);
+        }
+        let bias = match bias {
+            Some(b) => Some(b.to_device(device)?),
+            None => None,
+        };
         Ok(Self {
             weight,
             values,
             bias,
+            #[cfg(feature = "cuda")]
+            gpu,
+            #[cfg(feature = "cuda")]
+            force_fallback: false,
         })
+    }
+
+    /// The weight's f32 values on the CPU (made on first use).
+    fn values(&self) -> Result<&Tensor> {
+        if let Some(v) = self.values.get() {
+            return Ok(v);
+        }
+        let v = self.weight.dequantize(&Device::Cpu)?;
+        Ok(self.values.get_or_init(|| v))
     }
 
     pub fn weight(&self) -> &Fp8Weight {
@@ -347,9 +416,20 @@ impl Fp8Linear {
         }
     }
 
-    /// `x [.., inp]` → `[.., out]` in x's dtype: the reference of the FP8 GEMM (the product
-    /// of the FP8 values accumulated in f32).
+    /// `x [.., inp]` → `[.., out]` in x's dtype: on the CPU the reference of the FP8 GEMM
+    /// (the product of the FP8 values accumulated in f32); on CUDA the GPU path, its
+    /// non-finite-input check deferred (see the type's doc).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_impl(x, false)
+    }
+
+    /// As [`Self::forward`], but a CUDA call reads its non-finite-input check at its end
+    /// (one host synchronization) and errs there, as the CPU does.
+    pub fn forward_checked(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_impl(x, true)
+    }
+
+    fn forward_impl(&self, x: &Tensor, checked: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let inp = *dims.last().unwrap_or(&0);
         if inp != self.weight.inp {
@@ -359,15 +439,57 @@ impl Fp8Linear {
                 self.weight.inp
             );
         }
+        if let Device::Cuda(_) = x.device() {
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &self.gpu {
+                let checks = if checked {
+                    mxattn::attention::DeviceChecks::PerCall
+                } else {
+                    mxattn::attention::DeviceChecks::Deferred
+                };
+                return g.forward(x, self.activation_group(), checks, self.force_fallback);
+            }
+            bail!(
+                "FP8 linear [{}, {}]: input on CUDA, but the layer was not built for a CUDA device{}",
+                self.weight.out,
+                self.weight.inp,
+                if cfg!(feature = "cuda") {
+                    ""
+                } else {
+                    " (mxattn-fp8 is built without its `cuda` feature)"
+                }
+            );
+        }
+        let _ = checked;
         let rows = x.elem_count() / inp.max(1);
         let a = quantize_activations_grouped(x, self.activation_group())?.reshape((rows, inp))?;
-        let mut y = a.matmul(&self.values.t()?)?;
+        let mut y = a.matmul(&self.values()?.t()?)?;
         if let Some(b) = &self.bias {
-            y = y.broadcast_add(&b.to_dtype(DType::F32)?)?;
+            y = y.broadcast_add(&b.to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
         }
         let mut out = dims;
         *out.last_mut().expect("rank ≥ 1") = self.weight.out;
         y.reshape(out)?.to_dtype(x.dtype())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Fp8Linear {
+    /// CUDA: take the fallback GEMM (scalar-scaled cuBLASLt GEMMs and mxattn's scale
+    /// epilogue) even where cuBLASLt takes the scales itself: for tests and benchmarks.
+    pub fn set_force_fallback(&mut self, on: bool) {
+        self.force_fallback = on;
+    }
+
+    /// The GEMM the last CUDA forward of this layer (or a clone of it) ran; None before one.
+    pub fn last_gpu_path(&self) -> Option<GemmPath> {
+        self.gpu.as_ref().and_then(|g| g.last_path())
+    }
+
+    /// Bytes the layer holds on its CUDA device (E4M3 codes, padded, and the f32 scales);
+    /// None for a CPU layer.
+    pub fn device_bytes(&self) -> Option<usize> {
+        self.gpu.as_ref().map(|g| g.device_bytes())
     }
 }
 

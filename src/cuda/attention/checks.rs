@@ -72,6 +72,9 @@ pub(super) fn check_flags(flags: i32, what: &str) -> Result<()> {
     if flags & 4 != 0 {
         bail!("{what}: a score overflows f32");
     }
+    if flags & 16 != 0 {
+        bail!("{what}: an FP8 linear layer's input holds a non-finite value (NaN or Inf)");
+    }
     if flags & 8 != 0 {
         bail!("{what}: internal error: the wgmma kernel's shared memory is not 1024-byte aligned");
     }
@@ -84,6 +87,30 @@ pub(super) struct Gathered {
     /// `[rollbacks, flags]`, as [`Checks`] lays them out.
     checks: CudaSlice<u64>,
     calls: u64,
+}
+
+/// The device address of `dev`'s gathered flag word (the low half of `[rollbacks, flags]`'s
+/// second word), counting one call: the FP8 linear layers' activation quantization ORs its
+/// flag (16: a non-finite input) into it, so [`check_deferred`] reports it with attention's.
+/// The buffer lives as long as the process (entries are reset, never removed), so the
+/// address stays valid for kernels queued on the device's stream.
+pub(crate) fn deferred_flags_addr(dev: &CudaDevice) -> Result<u64> {
+    let mut gathered = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    let i = match gathered.iter().position(|g| g.device == dev.id()) {
+        Some(i) => i,
+        None => {
+            gathered.push(Gathered {
+                device: dev.id(),
+                checks: dev.alloc_zeros::<u64>(2)?,
+                calls: 0,
+            });
+            gathered.len() - 1
+        }
+    };
+    gathered[i].calls += 1;
+    let stream = dev.cuda_stream();
+    let base = gathered[i].checks.device_ptr_mut(&stream).0;
+    Ok(base + 8)
 }
 
 pub(super) static DEFERRED: std::sync::Mutex<Vec<Gathered>> = std::sync::Mutex::new(Vec::new());
@@ -113,7 +140,9 @@ pub(crate) fn check_deferred(
     g.calls = 0;
     check_flags(
         flags,
-        &format!("attention (one of the {calls} calls with deferred checks since the last check)"),
+        &format!(
+            "attention or FP8 linear (one of the {calls} calls with deferred checks since the last check)"
+        ),
     )?;
     Ok(crate::attention::DeferredReport { calls, rollbacks })
 }
