@@ -233,7 +233,10 @@ fn main() -> Result<()> {
         let exact = mxattn::attention::AttentionConfig::exact();
         let vae_policy: &dyn mxattn_wan::AttnPolicy = if a.vae_exact { &exact } else { sched };
         let video = match &ref_video {
-            Some(r) => Some(VideoFidelity::compare(&decode(&pipe, &fin, vae_policy)?, r)?),
+            Some(r) => Some(VideoFidelity::compare(
+                &decode(&pipe, &fin, vae_policy)?,
+                r,
+            )?),
             None => None,
         };
         pipe.experts.clone_from(&dense);

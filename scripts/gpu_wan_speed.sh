@@ -7,7 +7,8 @@
 # decode. The step time is the mean of the steps after the first (the first loads kernels). One
 # process per row.
 #   WAN_RUNS   ';'-separated "variant size frames steps" entries
-#   WAN_ATTNS  ';'-separated --attn / --attn-schedule values
+#   WAN_ATTNS  ';'-separated --attn-schedule values, each optionally ATTN:LINEAR with a --linear
+#              schedule (e.g. hybrid-fused:fp8: FP8 E4M3 projections)
 #   WAN_DECODE "variant size frames" of one run that also decodes (set but empty: none)
 # Peer (issue 17): after our rows, diffusers' WanTransformer3DModel at the same runs' shapes
 # (scripts/peer_diffusers_wan.py: random BF16 weights, one CFG step = two forward passes, CUDA
@@ -29,7 +30,7 @@ LDP_ORIG=${LD_LIBRARY_PATH:-}
 NV=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'lib'))" 2>/dev/null)
 export LD_LIBRARY_PATH="${NV}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 IFS=';' read -ra RUNS <<< "${WAN_RUNS:-t2v-a14b 1280x720 81 2;ti2v-5b 1280x704 121 2}"
-IFS=';' read -ra ATTNS <<< "${WAN_ATTNS:-exact;fused-mxfp8;fused-mxfp4;hybrid-fused}"
+IFS=';' read -ra ATTNS <<< "${WAN_ATTNS:-exact;fused-mxfp8;fused-mxfp4;hybrid-fused;exact:fp8;hybrid-fused:fp8}"
 T=${WAN_TIMEOUT:-300}
 if [ -z "${WAN_PEER:-}" ]; then
   WAN_PEER=0
@@ -43,9 +44,11 @@ for run in "${RUNS[@]}"; do
   base=""
   for attn in "${ATTNS[@]}"; do
     tag="${variant}_${size}_$(echo "$attn" | tr -c 'a-z0-9' '_')"
-    flag="--attn-schedule"
+    linear=bf16; sched=$attn
+    [[ "$attn" == *:* ]] && { sched=${attn%%:*}; linear=${attn#*:}; }
     timeout "$T" ./.gpu/wan22 --random-weights --variant "$variant" --device cuda --size "$size" \
-      --frames "$frames" --steps "$steps" --no-decode --quiet --profile-attention $flag "$attn" \
+      --frames "$frames" --steps "$steps" --no-decode --quiet --profile-attention \
+      --attn-schedule "$sched" --linear "$linear" \
       --json "$W/wan_${tag}.json" > "$W/wan_${tag}.txt" 2>&1
     s=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); s=[x['seconds'] for x in d['per_step']]; print('%.3f' % (sum(s[1:])/max(1,len(s)-1) if len(s)>1 else s[0]))" "$W/wan_${tag}.json" 2>/dev/null)
     tok=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); l=d['latents']; print(l[2]*(l[3]//2)*(l[4]//2))" "$W/wan_${tag}.json" 2>/dev/null)

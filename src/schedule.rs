@@ -226,10 +226,7 @@ impl<C: Choice> Rule<C> {
             None => (raw, None),
         };
         if name.is_empty() {
-            bail!(
-                "schedule rule {raw:?}: no {} name before '@'",
-                C::SUBJECT
-            );
+            bail!("schedule rule {raw:?}: no {} name before '@'", C::SUBJECT);
         }
         let p = C::parse_name(name, g)
             .map_err(|e| candle_core::Error::Msg(format!("schedule rule {raw:?}: {e}")))?;

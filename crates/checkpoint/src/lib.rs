@@ -135,7 +135,13 @@ impl<'a> TensorScan<'a> {
         missing: impl FnOnce() -> String,
     ) -> Result<()> {
         const FLOATS: &[StDtype] = &[StDtype::F32, StDtype::F16, StDtype::BF16];
-        self.check_as(name, shape, FLOATS, "only f32/f16/bf16 weights are supported", missing)
+        self.check_as(
+            name,
+            shape,
+            FLOATS,
+            "only f32/f16/bf16 weights are supported",
+            missing,
+        )
     }
 
     /// Like [`Self::check`] for the FP8 E4M3 codes of an FP8 checkpoint's weight.

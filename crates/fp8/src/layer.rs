@@ -91,22 +91,13 @@ impl Linear {
             LinearFormat::Dense => Ok(Self::Dense(dense)),
             LinearFormat::Fp8(g) => {
                 let w = Fp8Weight::quantize(dense.weight(), g)?;
-                Self::fp8(w, dense.bias().cloned())
+                Self::from_fp8(w, dense.bias().cloned(), dense.weight().device())
             }
         }
     }
 
-    /// An FP8 layer from weights as stored (an FP8 checkpoint), on `bias`'s device or the
-    /// CPU.
-    pub fn fp8(weight: Fp8Weight, bias: Option<Tensor>) -> Result<Self> {
-        let device = bias
-            .as_ref()
-            .map_or(candle_core::Device::Cpu, |b| b.device().clone());
-        Self::fp8_on(weight, bias, &device)
-    }
-
-    /// An FP8 layer from weights as stored, on `device`.
-    pub fn fp8_on(
+    /// An FP8 layer from weights as stored (an FP8 checkpoint), on `device`.
+    pub fn from_fp8(
         weight: Fp8Weight,
         bias: Option<Tensor>,
         device: &candle_core::Device,
@@ -203,7 +194,6 @@ impl Module for Linear {
     }
 }
 
-
 impl Fp8Weight {
     /// Codes as a checkpoint tensor (`F8E4M3 [out, in]`, any device) and its scales:
     /// `[⌈out/128⌉, ⌈in/128⌉]` blocks (Qwen3-*-FP8's `weight_scale_inv`), `[out]` or
@@ -272,7 +262,7 @@ impl Linear {
             }
             let s = vb.get_unchecked_dtype(scale, DType::F32).map_err(ctx)?;
             let w = Fp8Weight::from_tensors(&codes, &s).map_err(ctx)?;
-            return Self::fp8_on(w, b, vb.device());
+            return Self::from_fp8(w, b, vb.device());
         }
         let w = vb.get((out_dim, in_dim), "weight")?;
         Ok(Self::Dense(candle_nn::Linear::new(w, b)))

@@ -30,6 +30,7 @@
 
 use candle_core::{bail, DType, Device, Result, Tensor};
 use mxattn::mx::ElemFormat;
+use rayon::prelude::*;
 use std::path::Path;
 
 #[cfg(feature = "cuda")]
@@ -120,7 +121,7 @@ impl Fp8Weight {
             }
         }
         let v: Vec<f32> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        if let Some(p) = v.iter().position(|x| !x.is_finite()) {
+        if let Some(p) = v.par_iter().position_first(|x| !x.is_finite()) {
             bail!(
                 "FP8 weight: non-finite value {} at [{}, {}]",
                 v[p],
@@ -128,19 +129,41 @@ impl Fp8Weight {
                 p % inp
             );
         }
-        let mut amax = vec![0f32; granularity.scale_count(out, inp)];
-        for (p, x) in v.iter().enumerate() {
-            let g = granularity.scale_index(p / inp, p % inp, inp);
-            amax[g] = amax[g].max(x.abs());
-        }
-        let scales: Vec<f32> = amax.into_iter().map(group_scale).collect();
-        let codes = v
-            .iter()
-            .enumerate()
-            .map(|(p, &x)| {
-                quantize_with(x, scales[granularity.scale_index(p / inp, p % inp, inp)]).0
+        // rows in parallel (a model's weights quantize at load: billions of values); each
+        // row's amax per column group, then the rows of a group combined
+        let col_groups = match granularity {
+            Granularity::Block { cols, .. } => inp.div_ceil(cols),
+            _ => 1,
+        };
+        let row_amax: Vec<Vec<f32>> = v
+            .par_chunks(inp.max(1))
+            .map(|row| {
+                let mut m = vec![0f32; col_groups];
+                for (i, x) in row.iter().enumerate() {
+                    let g = granularity.scale_index(0, i, inp);
+                    m[g] = m[g].max(x.abs());
+                }
+                m
             })
             .collect();
+        let mut amax = vec![0f32; granularity.scale_count(out, inp)];
+        for (o, m) in row_amax.iter().enumerate() {
+            let base = granularity.scale_index(o, 0, inp);
+            for (g, a) in m.iter().enumerate() {
+                amax[base + g] = amax[base + g].max(*a);
+            }
+        }
+        let scales: Vec<f32> = amax.into_iter().map(group_scale).collect();
+        let mut codes = vec![0u8; v.len()];
+        codes
+            .par_chunks_mut(inp.max(1))
+            .zip(v.par_chunks(inp.max(1)))
+            .enumerate()
+            .for_each(|(o, (c, row))| {
+                for (i, (c, &x)) in c.iter_mut().zip(row).enumerate() {
+                    *c = quantize_with(x, scales[granularity.scale_index(o, i, inp)]).0;
+                }
+            });
         Ok(Self {
             out,
             inp,

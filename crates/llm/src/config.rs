@@ -126,7 +126,10 @@ fn fp8_block_weights(q: Option<&serde_json::Value>) -> Result<bool> {
     let Some(q) = q.filter(|q| !q.is_null()) else {
         return Ok(false);
     };
-    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("?");
+    let method = q
+        .get("quant_method")
+        .and_then(|m| m.as_str())
+        .unwrap_or("?");
     if method != "fp8" {
         bail!("config: quantization_config.quant_method {method:?} is not supported (only \"fp8\" with 128×128 blocks)");
     }

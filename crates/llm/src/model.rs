@@ -24,8 +24,8 @@ use super::profile::stage;
 use super::schedule::{LayerSpec, LinearSpec, Schedule};
 use candle_core::{bail, DType, Device, Module, Result, Tensor};
 use candle_nn::{linear_no_bias, rms_norm, Embedding, Linear, RmsNorm, VarBuilder};
-use mxattn_fp8::Linear as Proj;
 use mxattn::attention::{attention_decode_ext, DeviceChecks, RunOptions};
+use mxattn_fp8::Linear as Proj;
 use std::sync::Arc;
 
 #[derive(Debug)]

@@ -888,7 +888,8 @@ fn fp8_projections_follow_the_linear_schedule_within_e4m3_error() {
         format!("fp8: {}, bf16: 1", 2 * n - 1)
     );
     let mut all = load("tiny", "exact", DType::F32);
-    all.set_linears(&LinearSpec::parse("fp8-block").unwrap()).unwrap();
+    all.set_linears(&LinearSpec::parse("fp8-block").unwrap())
+        .unwrap();
     assert_eq!(all.linear_summary(), format!("fp8-block: {}", 2 * n));
     for (name, m) in [("part", &mut part), ("fp8-block", &mut all)] {
         let logits = m.forward_all(&ids(&e.prompt)).unwrap().squeeze(0).unwrap();
@@ -904,7 +905,9 @@ fn fp8_projections_follow_the_linear_schedule_within_e4m3_error() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("cannot become dense"), "{err}");
-    let err = LinearSpec::parse("fp8@kind=ffn;bf16").unwrap_err().to_string();
+    let err = LinearSpec::parse("fp8@kind=ffn;bf16")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not one of attn, mlp"), "{err}");
 }
 
@@ -916,8 +919,8 @@ fn fp8_projections_follow_the_linear_schedule_within_e4m3_error() {
 #[test]
 fn fp8_checkpoint_loads_as_stored_and_matches_transformers() {
     let dir = fixture_dir("tiny_fp8");
-    let want = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)
-        .unwrap();
+    let want =
+        candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu).unwrap();
     let prompt: Vec<u32> = want["prompt"]
         .to_vec1::<i64>()
         .unwrap()
@@ -940,7 +943,10 @@ fn fp8_checkpoint_loads_as_stored_and_matches_transformers() {
     assert_eq!(dense.prompt, prompt);
     let apart = rel_diff(&want["prompt_logits"], &dense.prompt_logits);
     println!("FP8 checkpoint: max |Δlogit| vs transformers {d:.2e}; FP8 vs dense {apart:.2e}");
-    assert!(apart > 1e-2, "the FP8 oracle is too close to the dense model: {apart}");
+    assert!(
+        apart > 1e-2,
+        "the FP8 oracle is too close to the dense model: {apart}"
+    );
     // f32 in both, summed in different orders; a code flipped by that would move a logit
     // by far more
     assert!(d < 1e-3, "max |Δlogit| {d}");
@@ -957,7 +963,9 @@ fn fp8_checkpoint_errors_name_the_tensor() {
         v["quantization_config"] = serde_json::from_str(q).unwrap();
         Config::from_json_str(&v.to_string())
     };
-    let e = cfg_with(r#"{"quant_method": "awq"}"#).unwrap_err().to_string();
+    let e = cfg_with(r#"{"quant_method": "awq"}"#)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("\"awq\" is not supported"), "{e}");
     let e = cfg_with(r#"{"quant_method": "fp8", "weight_block_size": [64, 64]}"#)
         .unwrap_err()
@@ -969,7 +977,9 @@ fn fp8_checkpoint_errors_name_the_tensor() {
         r#"{"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}"#,
     )
     .unwrap();
-    let e = loading::check_checkpoint(&cfg, &files).unwrap_err().to_string();
+    let e = loading::check_checkpoint(&cfg, &files)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("q_proj.weight has dtype F32") && e.contains("F8_E4M3"),
         "{e}"

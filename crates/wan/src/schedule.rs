@@ -30,9 +30,9 @@
 //! `bf16@layers=0+last;fp8`.
 
 use super::{AttnKind, AttnPolicy, AttnSite};
+use crate::transformer::LinearKind;
 use candle_core::{bail, Result};
 use mxattn::attention::AttentionConfig;
-use crate::transformer::LinearKind;
 use mxattn::schedule::{Grammar, KeyKind, Resolved, ResolvedRule, SiteKey};
 use mxattn_fp8::LinearFormat;
 use std::fmt;

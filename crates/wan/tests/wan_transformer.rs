@@ -519,12 +519,16 @@ fn fp8_linears_follow_the_schedule_within_e4m3_error() {
     let e_part = rel_l2(&run(&m, &c, &exact()), &c.out);
     let e_all = rel_l2(&run(&all, &c, &exact()), &c.out);
     let e_dense = rel_l2(&dense, &c.out);
-    println!("rel-L2 vs diffusers: dense {e_dense:.2e}, part FP8 {e_part:.2e}, all FP8 {e_all:.2e}");
+    println!(
+        "rel-L2 vs diffusers: dense {e_dense:.2e}, part FP8 {e_part:.2e}, all FP8 {e_all:.2e}"
+    );
     assert!(e_dense < 1e-5);
     assert!(e_part > 1e-4 && e_all > 1e-4, "FP8 layers changed nothing");
     assert!(e_part < 0.1 && e_all < 0.1, "beyond E4M3's error");
     // a block's projections convert once; a schedule with a step key is refused
-    let e = LinearSpec::parse("fp8@steps=1;bf16").unwrap_err().to_string();
+    let e = LinearSpec::parse("fp8@steps=1;bf16")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown key \"steps\""), "{e}");
     let e = LinearSpec::parse("fp9").unwrap_err().to_string();
     assert!(e.contains("unknown linear format"), "{e}");

@@ -162,7 +162,12 @@ impl WanAttention {
 
     /// Runs the four projections in `format`.
     fn set_linears(&mut self, format: LinearFormat) -> Result<()> {
-        for l in [&mut self.to_q, &mut self.to_k, &mut self.to_v, &mut self.to_out] {
+        for l in [
+            &mut self.to_q,
+            &mut self.to_k,
+            &mut self.to_v,
+            &mut self.to_out,
+        ] {
             l.convert(format)?;
         }
         Ok(())

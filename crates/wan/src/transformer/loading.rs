@@ -245,7 +245,10 @@ pub fn check_files(cfg: &TransformerConfig, files: &TransformerFiles) -> Result<
                 scan.check_fp8(&name, &shape, what)?;
                 let grid = [shape[0].div_ceil(128), shape[1].div_ceil(128)];
                 let shapes: [&[usize]; 3] = [&[], &[1], &grid];
-                if !shapes.iter().any(|s| scan.check(&sname, s, String::new).is_ok()) {
+                if !shapes
+                    .iter()
+                    .any(|s| scan.check(&sname, s, String::new).is_ok())
+                {
                     bail!(
                         "{}: tensor {sname} is not a float scale of shape [], [1] or {grid:?} (128×128 blocks of {name})",
                         scan.searched()
