@@ -10,6 +10,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Parser;
+use mxattn_cli::bench::cuda_time_ms;
 use mxattn_fp8::{Fp8Linear, Fp8Weight, Granularity};
 
 const DEFAULT_SHAPES: &str = "wan-a14b qkvo,75600,5120,5120;wan-a14b ffn1,75600,5120,13824;\
@@ -40,30 +41,6 @@ struct Args {
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-}
-
-fn time_ms(
-    dev: &Device,
-    warmup: usize,
-    iters: usize,
-    mut f: impl FnMut() -> Result<Tensor>,
-) -> Result<f64> {
-    let Device::Cuda(cd) = dev else {
-        bail!("not a CUDA device")
-    };
-    let stream = cd.cuda_stream();
-    for _ in 0..warmup {
-        f()?;
-    }
-    stream.synchronize()?;
-    let flags =
-        Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = stream.record_event(flags)?;
-    for _ in 0..iters {
-        f()?;
-    }
-    let end = stream.record_event(flags)?;
-    Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
 }
 
 #[derive(serde::Serialize)]
@@ -120,8 +97,8 @@ fn main() -> Result<()> {
         let x = Tensor::randn(0f32, 1.0, (t, inp), &dev)?.to_dtype(DType::BF16)?;
         let w_bf16 = w.to_dtype(DType::BF16)?;
         let b_bf16 = bias.to_dtype(DType::BF16)?;
-        let bf16_ms = time_ms(&dev, a.warmup, a.iters, || {
-            Ok(x.matmul(&w_bf16.t()?)?.broadcast_add(&b_bf16)?)
+        let bf16_ms = cuda_time_ms(&dev, a.warmup, a.iters, || {
+            x.matmul(&w_bf16.t()?)?.broadcast_add(&b_bf16)
         })?;
         let w_cpu = w.to_device(&Device::Cpu)?;
         let flops = 2.0 * t as f64 * inp as f64 * out as f64;
@@ -133,7 +110,7 @@ fn main() -> Result<()> {
                 }
                 let mut l = Fp8Linear::new(wq.clone(), Some(bias.clone()), &dev)?;
                 l.set_force_fallback(fallback);
-                let fp8_ms = time_ms(&dev, a.warmup, a.iters, || Ok(l.forward(&x)?))?;
+                let fp8_ms = cuda_time_ms(&dev, a.warmup, a.iters, || l.forward(&x))?;
                 mxattn::attention::check_device(&dev)?;
                 let path = format!("{:?}", l.last_gpu_path());
                 let r = Row {

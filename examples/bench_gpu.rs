@@ -15,6 +15,7 @@ use mxattn::attention::{
     FusedSoftmaxConfig, GpuPath, OperandFormat, ProbFormat, RunOptions,
 };
 use mxattn::mx::ElemFormat;
+use mxattn_cli::bench::cuda_time_ms;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -81,30 +82,6 @@ fn parse(s: &str) -> Result<Vec<ShapeArg>> {
             })
         })
         .collect()
-}
-
-fn time_ms(
-    dev: &Device,
-    warmup: usize,
-    iters: usize,
-    mut f: impl FnMut() -> Result<Tensor>,
-) -> Result<f64> {
-    let Device::Cuda(cd) = dev else {
-        bail!("not a CUDA device")
-    };
-    let stream = cd.cuda_stream();
-    for _ in 0..warmup {
-        f()?;
-    }
-    stream.synchronize()?;
-    let flags =
-        Some(candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let start = stream.record_event(flags)?;
-    for _ in 0..iters {
-        f()?;
-    }
-    let end = stream.record_event(flags)?;
-    Ok(start.elapsed_ms(&end)? as f64 / iters as f64)
 }
 
 fn main() -> Result<()> {
@@ -216,8 +193,8 @@ fn main() -> Result<()> {
         // candle's composition materializes the score matrix: skip it where that would not fit
         let score_bytes = 2.0 * (s.b * s.hq) as f64 * s.s as f64 * s.sk as f64;
         let base = if score_bytes < 4e9 {
-            Some(time_ms(&dev, a.warmup, a.iters, || {
-                Ok(baselines::candle_matmul_attention(&q, &k, &v, s.causal)?)
+            Some(cuda_time_ms(&dev, a.warmup, a.iters, || {
+                baselines::candle_matmul_attention(&q, &k, &v, s.causal)
             })?)
         } else {
             None
@@ -235,7 +212,7 @@ fn main() -> Result<()> {
                 continue;
             }
             let cfg = cfg.clone().with_causal(s.causal);
-            let ms = time_ms(&dev, a.warmup, a.iters, || {
+            let ms = cuda_time_ms(&dev, a.warmup, a.iters, || {
                 let opts = RunOptions {
                     gpu_path: *path,
                     checks,
@@ -295,8 +272,8 @@ fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Re
             let mut cache = LayerKvCache::new(KvFormat { k: fmt, v: fmt });
             cache.push(&k, &v)?;
             let (kv, vv) = (cache.k_view()?.unwrap(), cache.v_view()?.unwrap());
-            let ms = time_ms(dev, a.warmup.max(3), a.iters.max(20), || {
-                Ok(attention_decode(&q, &kv, &vv, &cfg)?)
+            let ms = cuda_time_ms(dev, a.warmup.max(3), a.iters.max(20), || {
+                attention_decode(&q, &kv, &vv, &cfg)
             })?;
             let bytes = cache.bytes();
             let ratio = base.map_or(1.0, |b: f64| b / ms);
@@ -316,9 +293,9 @@ fn decode_table(dev: &Device, a: &Args, rows: &mut Vec<serde_json::Value>) -> Re
             v: mx(ElemFormat::E2M1),
         });
         cache.push(&k, &v)?;
-        let ms = time_ms(dev, a.warmup, a.iters, || {
+        let ms = cuda_time_ms(dev, a.warmup, a.iters, || {
             let (kd, vd) = cache.dequantized()?;
-            Ok(mxattn::attention::attention(&q, &kd, &vd, &cfg)?)
+            mxattn::attention::attention(&q, &kd, &vd, &cfg)
         })?;
         println!(
             "| {n} | MXFP4, dequantize + attention op | - | {ms:.4} | - | {:.2}x |",
@@ -357,12 +334,12 @@ fn stored_rows(
         let mut cache = LayerKvCache::new(kv);
         cache.push(k, v)?;
         let (kv, vv) = (cache.k_view()?.unwrap(), cache.v_view()?.unwrap());
-        let stored = time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
-            Ok(attention_decode(q, &kv, &vv, &cfg)?)
+        let stored = cuda_time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
+            attention_decode(q, &kv, &vv, &cfg)
         })?;
-        let deq = time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
+        let deq = cuda_time_ms(dev, a.warmup.max(2), a.iters.max(5), || {
             let (kd, vd) = cache.dequantized()?;
-            Ok(attention(q, &kd, &vd, &cfg)?)
+            attention(q, &kd, &vd, &cfg)
         })?;
         println!(
             "| {n} | {name} | {stored:.4} | {deq:.4} | {:.2}x faster |",

@@ -21,47 +21,18 @@ import json
 import os
 import sys
 
-import ml_dtypes
 import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gen_fp8_linear_fixtures import write_safetensors  # noqa: E402
+from gen_fp8_linear_fixtures import q, quantize_weight, scale, write_safetensors  # noqa: E402
 
-E4M3 = ml_dtypes.float8_e4m3fn
 ROOT = os.path.join(os.path.dirname(__file__), "..", "crates", "llm", "tests", "fixtures", "qwen3")
 SRC = os.path.join(ROOT, "tiny")
 OUT = os.path.join(ROOT, "tiny_fp8")
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def scale(a):
-    m = np.float32(np.max(np.abs(a))) if a.size else np.float32(0)
-    return np.float32(1.0) if m == 0 else np.float32(m / np.float32(448.0))
-
-
-def quantize(x, s):
-    """E4M3 codes of f32 x / f32 s and their values code · s in f32."""
-    c = (x.astype(np.float32) / np.float32(s)).astype(np.float32).astype(E4M3)
-    return c, (c.astype(np.float32) * np.float32(s)).astype(np.float32)
-
-
-def quantize_blocks(w):
-    out, inp = w.shape
-    codes = np.zeros((out, inp), E4M3)
-    vals = np.zeros((out, inp), np.float32)
-    scales = np.zeros((-(-out // 128), -(-inp // 128)), np.float32)
-    for bo in range(0, out, 128):
-        for bi in range(0, inp, 128):
-            blk = w[bo:bo + 128, bi:bi + 128]
-            s = scale(blk)
-            c, v = quantize(blk, s)
-            codes[bo:bo + 128, bi:bi + 128] = c
-            vals[bo:bo + 128, bi:bi + 128] = v
-            scales[bo // 128, bi // 128] = s
-    return codes, vals, scales
 
 
 def quantize_input(x):
@@ -71,7 +42,7 @@ def quantize_input(x):
     outv = np.zeros_like(flat)
     for t in range(flat.shape[0]):
         for c in range(0, flat.shape[1], 128):
-            _, outv[t, c:c + 128] = quantize(flat[t, c:c + 128], scale(flat[t, c:c + 128]))
+            _, outv[t, c:c + 128] = q(flat[t, c:c + 128], scale(flat[t, c:c + 128]))
     return torch.from_numpy(outv.reshape(a.shape))
 
 
@@ -83,12 +54,15 @@ def main():
     stored = {}
     for name, t in tensors.items():
         if name.endswith(".weight") and name.split(".")[-2] in PROJ:
-            codes, vals, scales = quantize_blocks(t.astype(np.float32))
-            stored[name] = ("F8_E4M3", codes.shape, codes.view(np.uint8).tobytes())
-            stored[name + "_scale_inv"] = ("F32", scales.shape, scales.tobytes())
+            codes, vals, scales = quantize_weight(t.astype(np.float32), "block128")
+            grid = (-(-t.shape[0] // 128), -(-t.shape[1] // 128))
+            stored[name] = ("F8_E4M3", codes.shape, codes.tobytes())
+            stored[name + "_scale_inv"] = ("F32", grid, np.array(scales, np.float32).tobytes())
             mod = model.get_submodule(name[: -len(".weight")])
             with torch.no_grad():
-                mod.weight.copy_(torch.from_numpy(vals))
+                # code · scale is exact in f64 (4 + 24 significant bits): its f32 rounding is
+                # the f32 product the Rust reference computes
+                mod.weight.copy_(torch.from_numpy(vals.astype(np.float32)))
             mod.register_forward_pre_hook(lambda m, args: (quantize_input(args[0]),) + args[1:])
         else:
             stored[name] = ("F32", t.shape, t.astype(np.float32).tobytes())

@@ -22,7 +22,6 @@ import os
 import shutil
 import sys
 
-import ml_dtypes
 import numpy as np
 import torch
 from diffusers import WanTransformer3DModel
@@ -30,10 +29,9 @@ from safetensors.numpy import load_file
 from safetensors.torch import load_file as load_torch, save_file
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gen_fp8_linear_fixtures import write_safetensors  # noqa: E402
+from gen_fp8_linear_fixtures import q, quantize_weight, scale, write_safetensors  # noqa: E402
 from gen_wan_transformer_fixtures import to_original  # noqa: E402
 
-E4M3 = ml_dtypes.float8_e4m3fn
 ROOT = os.path.join(os.path.dirname(__file__), "..", "crates", "wan", "tests", "fixtures", "wan",
                     "transformer")
 OUT = os.path.join(ROOT, "a14b_comfyui_fp8")
@@ -42,24 +40,13 @@ PROJ = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q"
 ST_DTYPE = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}
 
 
-def scale(a):
-    m = np.float32(np.max(np.abs(a))) if a.size else np.float32(0)
-    return np.float32(1.0) if m == 0 else np.float32(m / np.float32(448.0))
-
-
-def quantize(x, s):
-    """E4M3 codes of f32 x / f32 s and their values code · s in f32."""
-    c = (x.astype(np.float32) / np.float32(s)).astype(np.float32).astype(E4M3)
-    return c, (c.astype(np.float32) * np.float32(s)).astype(np.float32)
-
-
 def quantize_input(x):
     """Per token: each row of the last axis with its own scale."""
     a = x.detach().cpu().numpy().astype(np.float32)
     flat = a.reshape(-1, a.shape[-1])
     outv = np.zeros_like(flat)
     for t in range(flat.shape[0]):
-        _, outv[t] = quantize(flat[t], scale(flat[t]))
+        _, outv[t] = q(flat[t], scale(flat[t]))
     return torch.from_numpy(outv.reshape(a.shape))
 
 
@@ -75,14 +62,13 @@ def main():
     for name, t in tensors.items():
         stem = name[: -len(".weight")] if name.endswith(".weight") else None
         if stem and name.startswith("blocks.") and stem.split(".", 2)[2] in PROJ:
-            w = t.astype(np.float32)
-            s = scale(w)
-            codes, vals = quantize(w, s)
+            codes, vals, (s,) = quantize_weight(t.astype(np.float32), "tensor")
             o = to_original(name)
-            stored[o] = ("F8_E4M3", codes.shape, codes.view(np.uint8).tobytes())
+            stored[o] = ("F8_E4M3", codes.shape, codes.tobytes())
             stored[o[: -len(".weight")] + ".scale_weight"] = ("F32", (), np.float32(s).tobytes())
             mod = model.get_submodule(stem)
-            mod.weight.copy_(torch.from_numpy(vals))
+            # code · scale is exact in f64: its f32 rounding is the Rust reference's product
+            mod.weight.copy_(torch.from_numpy(vals.astype(np.float32)))
             mod.register_forward_pre_hook(lambda m, args: (quantize_input(args[0]),) + args[1:])
             n_fp8 += 1
         else:

@@ -46,8 +46,10 @@ fn cuda_dev(t: &Tensor, what: &str) -> Result<CudaDevice> {
     }
 }
 
-/// Device address of a contiguous tensor's first element.
-fn addr(t: &Tensor, what: &str) -> Result<u64> {
+/// Device address of a contiguous CUDA tensor's first element (u8, f32, bf16 or f16), for
+/// handing it to a library such as cuBLASLt; `what` names the caller in errors. The tensor
+/// must outlive the work queued on the device's stream that reads it.
+pub fn addr(t: &Tensor, what: &str) -> Result<u64> {
     let (st, l) = t.storage_and_layout();
     let Storage::Cuda(cs) = &*st else {
         bail!("{what}: the tensor must be on a CUDA device")
@@ -76,7 +78,8 @@ fn dtype_code(dt: DType, what: &str) -> Result<i32> {
     })
 }
 
-fn wrap<T: candle_core::cuda_backend::CudaDType>(
+/// A device buffer as a `[rows, cols]` tensor of the device (no copy).
+pub fn wrap<T: candle_core::cuda_backend::CudaDType>(
     s: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
     dev: &CudaDevice,
     shape: (usize, usize),

@@ -2,6 +2,8 @@
 //! flags (one parser for every program), one progress-bar style, and the timing of the
 //! library crates' `tracing` spans for `--profile-*` flags ([`spans::SpanTimes`]).
 
+#[cfg(feature = "cuda")]
+pub mod bench;
 pub mod spans;
 
 use candle_core::{bail, DType, Device, Result};

@@ -47,12 +47,11 @@
 use crate::{Fp8Weight, Granularity};
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId};
-use candle_core::op::BackpropOp;
-use candle_core::{bail, DType, Result, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtrMut};
+use candle_core::cuda_backend::{CudaDevice, DeviceId};
+use candle_core::{bail, DType, Result, Tensor};
 use mxattn::attention::DeviceChecks;
-use mxattn::fused::fp8::{fp8_quantize_rows, Fp8Epilogue, Fp8Rows};
+use mxattn::fused::fp8::{fp8_quantize_rows, wrap, Fp8Epilogue, Fp8Rows};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -82,36 +81,7 @@ fn cu(e: lt::CublasError, what: &str) -> candle_core::Error {
 
 /// Device address of a contiguous tensor's first element.
 fn addr(t: &Tensor) -> Result<u64> {
-    let (st, l) = t.storage_and_layout();
-    let Storage::Cuda(cs) = &*st else {
-        bail!("FP8 linear: internal error: a tensor is not on the CUDA device")
-    };
-    let Some((start, _)) = l.contiguous_offsets() else {
-        bail!("FP8 linear: internal error: a tensor is not contiguous")
-    };
-    let stream = cs.device.cuda_stream();
-    let start = start as u64;
-    // Everything runs on the device's one stream, after whatever wrote these buffers.
-    Ok(match &cs.slice {
-        CudaStorageSlice::U8(x) => x.device_ptr(&stream).0 + start,
-        CudaStorageSlice::F32(x) => x.device_ptr(&stream).0 + 4 * start,
-        CudaStorageSlice::BF16(x) => x.device_ptr(&stream).0 + 2 * start,
-        CudaStorageSlice::F16(x) => x.device_ptr(&stream).0 + 2 * start,
-        _ => bail!("FP8 linear: internal error: dtype {:?}", t.dtype()),
-    })
-}
-
-fn wrap<T: candle_core::cuda_backend::CudaDType>(
-    s: CudaSlice<T>,
-    dev: &CudaDevice,
-    shape: (usize, usize),
-) -> Tensor {
-    Tensor::from_storage(
-        Storage::Cuda(CudaStorage::wrap_cuda_slice(s, dev.clone())),
-        shape,
-        BackpropOp::none(),
-        false,
-    )
+    mxattn::fused::fp8::addr(t, "FP8 linear")
 }
 
 /// An uninitialized `[rows, cols]` tensor of `dt` (the GEMM or the epilogue writes it all).
@@ -337,16 +307,18 @@ impl GpuWeight {
         };
         let y = alloc(&self.dev, dt, t_p, self.out_p)?;
         let gemm = Gemm {
-            kind: PlanKind::Scaled {
-                a_mode: modes.0,
-                b_mode: modes.1,
-                bias: bias.is_some(),
+            key: PlanKey {
+                kind: PlanKind::Scaled {
+                    a_mode: modes.0,
+                    b_mode: modes.1,
+                    bias: bias.is_some(),
+                },
+                m: self.out_p,
+                n: t_p,
+                k: self.k_p,
+                ld_ab: self.k_p,
+                d_type: dt,
             },
-            m: self.out_p,
-            n: t_p,
-            k: self.k_p,
-            ld_ab: self.k_p,
-            d_type: dt,
             a: addr(&self.codes)?,
             b: addr(&q.codes)?,
             d: addr(&y)?,
@@ -368,10 +340,13 @@ impl GpuWeight {
         if bias.is_some() {
             // the scale modes may be taken without the bias epilogue
             let gemm = Gemm {
-                kind: PlanKind::Scaled {
-                    a_mode: modes.0,
-                    b_mode: modes.1,
-                    bias: false,
+                key: PlanKey {
+                    kind: PlanKind::Scaled {
+                        a_mode: modes.0,
+                        b_mode: modes.1,
+                        bias: false,
+                    },
+                    ..gemm.key
                 },
                 bias: 0,
                 ..gemm
@@ -412,12 +387,14 @@ impl GpuWeight {
         for g in 0..groups {
             let kg = gk.min(self.k_p - g * gk);
             let gemm = Gemm {
-                kind: PlanKind::Unit,
-                m: self.out_p,
-                n: t_p,
-                k: kg,
-                ld_ab: self.k_p,
-                d_type: DType::F32,
+                key: PlanKey {
+                    kind: PlanKind::Unit,
+                    m: self.out_p,
+                    n: t_p,
+                    k: kg,
+                    ld_ab: self.k_p,
+                    d_type: DType::F32,
+                },
                 a: a0 + (g * gk) as u64,
                 b: b0 + (g * gk) as u64,
                 d,
@@ -473,12 +450,7 @@ enum PlanKind {
 /// One GEMM `D[m, n] = op(A)[m, k] · B[k, n]` (column-major, A stored `[k, m]`).
 #[derive(Clone, Copy, Debug)]
 struct Gemm {
-    kind: PlanKind,
-    m: usize,
-    n: usize,
-    k: usize,
-    ld_ab: usize,
-    d_type: DType,
+    key: PlanKey,
     a: u64,
     b: u64,
     d: u64,
@@ -552,7 +524,7 @@ unsafe fn set_pointers(
     desc: sys::cublasLtMatmulDesc_t,
     g: &Gemm,
 ) -> std::result::Result<(), lt::CublasError> {
-    if let PlanKind::Scaled { bias, .. } = g.kind {
+    if let PlanKind::Scaled { bias, .. } = g.key.kind {
         let (a, b) = (g.a_scale as *const c_void, g.b_scale as *const c_void);
         set(desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a)?;
         set(desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b)?;
@@ -577,9 +549,14 @@ impl Plan {
         let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
         let mut plan = Plan {
             desc,
-            a: lt::create_matrix_layout(e4m3, g.k as u64, g.m as u64, g.ld_ab as i64)?,
-            b: lt::create_matrix_layout(e4m3, g.k as u64, g.n as u64, g.ld_ab as i64)?,
-            d: lt::create_matrix_layout(lt_type(g.d_type), g.m as u64, g.n as u64, g.m as i64)?,
+            a: lt::create_matrix_layout(e4m3, g.key.k as u64, g.key.m as u64, g.key.ld_ab as i64)?,
+            b: lt::create_matrix_layout(e4m3, g.key.k as u64, g.key.n as u64, g.key.ld_ab as i64)?,
+            d: lt::create_matrix_layout(
+                lt_type(g.key.d_type),
+                g.key.m as u64,
+                g.key.n as u64,
+                g.key.m as i64,
+            )?,
             algo: None,
         };
         // cublasOperation_t: 1 = T, 0 = N
@@ -589,7 +566,7 @@ impl Plan {
             a_mode,
             b_mode,
             bias,
-        } = g.kind
+        } = g.key.kind
         {
             // a refused mode is a refusal of the plan, not an error of the call
             if set(desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode).is_err()
@@ -606,7 +583,7 @@ impl Plan {
                 set(
                     desc,
                     Attr::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                    &(lt_type(g.d_type) as i32),
+                    &(lt_type(g.key.d_type) as i32),
                 )?;
             }
         }
@@ -651,14 +628,7 @@ fn run_gemm(dev: &CudaDevice, g: &Gemm) -> Result<bool> {
         }
     };
     let ctx = &mut contexts[i];
-    let key = PlanKey {
-        kind: g.kind,
-        m: g.m,
-        n: g.n,
-        k: g.k,
-        ld_ab: g.ld_ab,
-        d_type: g.d_type,
-    };
+    let key = g.key;
     if !ctx.plans.contains_key(&key) {
         if ctx.plans.len() >= 512 {
             // token counts vary call to call (prefill lengths): keep the cache bounded
@@ -701,7 +671,7 @@ fn run_gemm(dev: &CudaDevice, g: &Gemm) -> Result<bool> {
     };
     match status {
         Ok(()) => Ok(true),
-        Err(_) if g.kind != PlanKind::Unit => {
+        Err(_) if g.key.kind != PlanKind::Unit => {
             plan.algo = None;
             Ok(false)
         }

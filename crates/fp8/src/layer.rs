@@ -72,6 +72,23 @@ impl Choice for LinearFormat {
     }
 }
 
+/// `"fp8: 5, bf16: 1"`: how many of `formats` run in each format, in first-seen order (a
+/// model's summary of its projections).
+pub fn format_counts(formats: impl IntoIterator<Item = LinearFormat>) -> String {
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for f in formats {
+        match counts.iter_mut().find(|(n, _)| *n == f.name()) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((f.name(), 1)),
+        }
+    }
+    counts
+        .iter()
+        .map(|(n, c)| format!("{n}: {c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A linear layer `y = x · Wᵀ + b`, dense or FP8.
 #[derive(Clone, Debug)]
 pub enum Linear {

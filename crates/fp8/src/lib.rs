@@ -38,7 +38,7 @@ mod cuda;
 mod layer;
 #[cfg(feature = "cuda")]
 pub use cuda::GemmPath;
-pub use layer::{Linear, LinearFormat};
+pub use layer::{format_counts, Linear, LinearFormat};
 
 /// E4M3's largest finite value: a group's amax maps to it.
 pub const E4M3_MAX: f32 = 448.0;

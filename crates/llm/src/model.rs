@@ -445,20 +445,11 @@ impl CausalLm {
     /// The formats of the layers' projections, counted per format name over (attention, MLP)
     /// groups: `"fp8: 60"`.
     pub fn linear_summary(&self) -> String {
-        let mut counts: Vec<(&'static str, usize)> = Vec::new();
-        for l in &self.layers {
-            for f in [l.attn.q_proj.format(), l.mlp.up_proj.format()] {
-                match counts.iter_mut().find(|(n, _)| *n == f.name()) {
-                    Some((_, c)) => *c += 1,
-                    None => counts.push((f.name(), 1)),
-                }
-            }
-        }
-        counts
-            .iter()
-            .map(|(n, c)| format!("{n}: {c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        mxattn_fp8::format_counts(
+            self.layers
+                .iter()
+                .flat_map(|l| [l.attn.q_proj.format(), l.mlp.up_proj.format()]),
+        )
     }
 
     /// The spec of layer `i`.

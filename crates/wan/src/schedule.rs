@@ -236,16 +236,8 @@ impl fmt::Display for WanSchedule {
 /// and the output head stay in the model dtype: a few small matrices, where the timestep
 /// and text conditioning enter).
 pub const LINEAR_KEYS: &[SiteKey] = &[
-    SiteKey {
-        name: "expert",
-        kind: KeyKind::Named(&[("high", 0), ("low", 1), ("0", 0), ("1", 1)]),
-        help: "the A14B expert (high noise first; TI2V-5B has only high)",
-    },
-    SiteKey {
-        name: "layers",
-        kind: KeyKind::Index,
-        help: "transformer block, 0-based",
-    },
+    KEYS[0], // expert
+    KEYS[2], // layers
     SiteKey {
         name: "kind",
         kind: KeyKind::Named(&[("self", 0), ("cross", 1), ("ffn", 2)]),

@@ -16,18 +16,7 @@ impl Checks<'static> {
             return Ok(Checks::Fresh(dev.alloc_zeros::<u64>(2)?));
         }
         let mut gathered = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
-        let i = match gathered.iter().position(|g| g.device == dev.id()) {
-            Some(i) => i,
-            None => {
-                gathered.push(Gathered {
-                    device: dev.id(),
-                    checks: dev.alloc_zeros::<u64>(2)?,
-                    calls: 0,
-                });
-                gathered.len() - 1
-            }
-        };
-        gathered[i].calls += 1;
+        let i = join_gathered(&mut gathered, dev)?;
         Ok(Checks::Gathered(gathered, i))
     }
 }
@@ -96,6 +85,17 @@ pub(super) struct Gathered {
 /// address stays valid for kernels queued on the device's stream.
 pub(crate) fn deferred_flags_addr(dev: &CudaDevice) -> Result<u64> {
     let mut gathered = DEFERRED.lock().unwrap_or_else(|e| e.into_inner());
+    let i = join_gathered(&mut gathered, dev)?;
+    let stream = dev.cuda_stream();
+    let base = gathered[i].checks.device_ptr_mut(&stream).0;
+    Ok(base + 8)
+}
+
+pub(super) static DEFERRED: std::sync::Mutex<Vec<Gathered>> = std::sync::Mutex::new(Vec::new());
+
+/// The index of `dev`'s gathered checks (made on its first deferred call), counting one
+/// more call into them.
+fn join_gathered(gathered: &mut Vec<Gathered>, dev: &CudaDevice) -> Result<usize> {
     let i = match gathered.iter().position(|g| g.device == dev.id()) {
         Some(i) => i,
         None => {
@@ -108,12 +108,8 @@ pub(crate) fn deferred_flags_addr(dev: &CudaDevice) -> Result<u64> {
         }
     };
     gathered[i].calls += 1;
-    let stream = dev.cuda_stream();
-    let base = gathered[i].checks.device_ptr_mut(&stream).0;
-    Ok(base + 8)
+    Ok(i)
 }
-
-pub(super) static DEFERRED: std::sync::Mutex<Vec<Gathered>> = std::sync::Mutex::new(Vec::new());
 
 /// [`crate::attention::check_device`] on CUDA: reads (a synchronization of the device's
 /// stream) and resets the gathered flags and counters.

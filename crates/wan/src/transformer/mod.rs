@@ -225,23 +225,10 @@ impl WanTransformer {
         Ok(())
     }
 
-    /// The blocks' projection formats, e.g. `fp8 ×120, bf16 ×0` → `"fp8: 120"` style counts
-    /// of (self, cross, ffn) groups per format name.
+    /// How many of the blocks' projection groups (self, cross, FFN) run in each format:
+    /// `"fp8: 120"`.
     pub fn linear_summary(&self) -> String {
-        let mut counts: Vec<(&'static str, usize)> = Vec::new();
-        for b in &self.blocks {
-            for f in b.linear_formats() {
-                match counts.iter_mut().find(|(n, _)| *n == f.name()) {
-                    Some((_, c)) => *c += 1,
-                    None => counts.push((f.name(), 1)),
-                }
-            }
-        }
-        counts
-            .iter()
-            .map(|(n, c)| format!("{n}: {c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        mxattn_fp8::format_counts(self.blocks.iter().flat_map(|b| b.linear_formats()))
     }
 
     /// Runs the blocks with Candle's op-by-op elementwise chain (`false`) instead of the fused
