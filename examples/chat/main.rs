@@ -233,6 +233,7 @@ fn run(a: Args) -> Result<()> {
         head: serde_json::json!({
             "model": opened.description, "attention": schedule.text(), "linear": linear.text(),
             "dtype": format!("{dtype:?}"), "device": format!("{device:?}"), "load_s": load_secs,
+            "decode_weight_bytes": model.decode_weight_bytes(),
         }),
         turns: Vec::new(),
         times: if a.profile {
@@ -508,6 +509,13 @@ fn turn(
             }));
         }
     }
+    let weights = model.decode_weight_bytes();
+    println!(
+        "bytes a decode step reads: weights {:.2} GB + KV cache {:.2} GB = {:.2} GB",
+        weights as f64 / 1e9,
+        stats.kv_cache_bytes as f64 / 1e9,
+        (weights + stats.kv_cache_bytes) as f64 / 1e9
+    );
     report.push(serde_json::json!({
         "profile": profile,
         "prompt_tokens": stats.prompt_tokens,

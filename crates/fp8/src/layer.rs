@@ -177,6 +177,17 @@ impl Linear {
         }
     }
 
+    /// Bytes of the weight and bias as held: what a batch-1 forward reads (FP8: codes and
+    /// scales).
+    pub fn storage_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let w = match self {
+            Self::Dense(l) => bytes(l.weight()),
+            Self::Fp8 { layer, .. } => layer.weight().storage_bytes(),
+        };
+        w + self.bias().map_or(0, bytes)
+    }
+
     /// `x [.., in] · Wᵀ` without the bias, in x's dtype (a dense layer as one 2-D matmul).
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         match self {

@@ -487,6 +487,24 @@ impl CausalLm {
         self.layers.iter().map(|l| l.attn.cache.bytes()).sum()
     }
 
+    /// Weight bytes a batch-1 decode step reads: every projection as held (FP8: codes and
+    /// scales) and the output head; the input embedding is a row lookup and the norms'
+    /// kilobytes are left out. With [`Self::kv_cache_bytes`] the bytes a step must move,
+    /// whose time at the memory bandwidth bounds decode speed.
+    pub fn decode_weight_bytes(&self) -> usize {
+        let head = self.lm_head.weight();
+        let mut total = head.elem_count() * head.dtype().size_in_bytes();
+        for l in &self.layers {
+            let (a, m) = (&l.attn, &l.mlp);
+            total += [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .into_iter()
+                .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
+                .map(|p| p.storage_bytes())
+                .sum::<usize>();
+        }
+        total
+    }
+
     /// What the caches would hold in bf16 (2 bytes per K and V element), for comparison.
     pub fn kv_cache_bytes_as_bf16(&self) -> usize {
         self.layers
