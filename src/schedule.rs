@@ -36,6 +36,8 @@ use std::fmt;
 pub trait Choice: Clone + fmt::Debug + PartialEq {
     /// The thing chosen, in messages and help: "attention", "linear".
     const SUBJECT: &'static str;
+    /// What one NAME is called: "attention preset", "linear format".
+    const NOUN: &'static str;
     /// An example NAME for messages (`mxfp4`, `fp8`).
     const EXAMPLE: &'static str;
     /// Parses a rule's NAME (lower case, no whitespace); errors list the known names.
@@ -46,6 +48,7 @@ pub trait Choice: Clone + fmt::Debug + PartialEq {
 
 impl Choice for Preset {
     const SUBJECT: &'static str = "attention";
+    const NOUN: &'static str = "attention preset";
     const EXAMPLE: &'static str = "mxfp4";
     fn parse_name(name: &str, g: &Grammar) -> Result<Self> {
         let p = preset(name)?;
@@ -226,7 +229,7 @@ impl<C: Choice> Rule<C> {
             None => (raw, None),
         };
         if name.is_empty() {
-            bail!("schedule rule {raw:?}: no {} name before '@'", C::SUBJECT);
+            bail!("schedule rule {raw:?}: no {} before '@'", C::NOUN);
         }
         let p = C::parse_name(name, g)
             .map_err(|e| candle_core::Error::Msg(format!("schedule rule {raw:?}: {e}")))?;
@@ -308,7 +311,7 @@ impl<C: Choice> Schedule<C> {
         if !rule.is_catch_all() {
             bail!(
                 "{} {name:?}: a single name without filters is expected",
-                C::SUBJECT
+                C::NOUN
             );
         }
         Ok(Self {

@@ -52,6 +52,7 @@ impl LinearFormat {
 
 impl Choice for LinearFormat {
     const SUBJECT: &'static str = "linear";
+    const NOUN: &'static str = "linear format";
     const EXAMPLE: &'static str = "fp8";
     fn parse_name(name: &str, _g: &Grammar) -> Result<Self> {
         let name = name.trim().to_ascii_lowercase();
