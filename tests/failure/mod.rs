@@ -728,10 +728,12 @@ pub fn decode_checks(
         let (_, max) = mean_max(&row_relative_differences(&o, &r, d));
         let tag = format!("{what} decode {sname} cache ({n} keys)");
         // the decode kernel: same arithmetic up to summation order and exp2 vs exp
-        // (decode_kernel_matches_the_dequantized_reference): 1e-4 per row
-        if max > 1e-4 || ec > f32_sum_bound(n) || !o.iter().all(|x| x.is_finite()) {
+        // (decode_kernel_matches_the_dequantized_reference: 1e-4 per row at 300 keys), plus
+        // the two f32 summation orders over n keys drifting apart as √n·2⁻²⁴ (8σ)
+        let bound = 1e-4 + 8.0 * (n as f64).sqrt() * 2f64.powi(-24);
+        if max > bound || ec > f32_sum_bound(n) || !o.iter().all(|x| x.is_finite()) {
             failures.push(format!(
-                "{tag}: rows vs the CPU op {max:.2e} (bound 1e-4), CPU op vs f64 oracle {ec:.2e}"
+                "{tag}: rows vs the CPU op {max:.2e} (bound {bound:.1e}), CPU op vs f64 oracle {ec:.2e}"
             ));
         }
         let norm = o
