@@ -4,6 +4,10 @@
 # linear layer's, `-p mxattn-fp8 --test fp8_gpu`) and carried,
 # xz-compressed, in .gpu/ (see scripts/build_gpu_bundle.sh). Output goes to $OUT.
 #
+# GPU_CHECK_ONLY (an extended regex) runs only the steps whose names match it, to split the
+# steps over device calls of at most 600 s, e.g. GPU_CHECK_ONLY='^GPU tests$|FP8|sanitizer' and
+# GPU_CHECK_ONLY='failure-mode|sm_80'.
+#
 # Fails (non-zero exit) when any GPU test fails, when no GPU is found (MXATTN_REQUIRE_GPU=1
 # turns the tests' "no device, skipping" into a failure), or when a sanitizer reports an
 # error. Each step's full output is kept in $OUT; the console shows its tail.
@@ -20,6 +24,10 @@ failed=()
 # records NAME as failed on a non-zero exit (the script carries on to the other steps).
 step() {
   local name=$1 log=$2; shift 2
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && ! grep -qE "$GPU_CHECK_ONLY" <<< "$name"; then
+    echo "== $name: not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"
+    return
+  fi
   echo "== $name"
   local rc=0
   "$@" > "$OUT/$log" 2>&1 || rc=$?
