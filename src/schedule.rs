@@ -127,13 +127,18 @@ impl Grammar {
     pub fn help_for<C: Choice>(&self) -> String {
         let subject = C::SUBJECT;
         let mut s = format!(
-            "{} schedule: RULE(;RULE)* or a schedule preset. RULE = NAME or \
+            "{} schedule: RULE(;RULE)*{}. RULE = NAME or \
              NAME@FILTER(,FILTER)*, NAME one of the {subject} names below. The first rule whose \
              filters all match a call wins; the last rule must have no filter (a catch-all). \
              FILTER = KEY=VALUE(+VALUE)*; an index VALUE is N, A-B, A- (to the end), last or \
              lastK (the last K), 0-based. A call without a key is matched only by rules that do \
              not filter on it.\n",
-            capitalized(subject)
+            capitalized(subject),
+            if self.presets.is_empty() {
+                ""
+            } else {
+                " or a schedule preset"
+            }
         );
         s.push_str(&format!("{} keys:\n", self.model));
         for k in self.keys {
@@ -145,7 +150,9 @@ impl Grammar {
         }
         s.push_str(&format!("{} names:\n", capitalized(subject)));
         s.push_str(&C::names_help(self));
-        s.push_str("Schedule presets:\n");
+        if !self.presets.is_empty() {
+            s.push_str("Schedule presets:\n");
+        }
         for (n, def, what) in self.presets {
             s.push_str(&format!("  {n:<12} {what}\n  {:<12} = {def}\n", ""));
         }

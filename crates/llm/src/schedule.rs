@@ -249,7 +249,7 @@ pub const LINEAR_KEYS: &[SiteKey] = &[
 
 /// What a decoder's linear schedules may say.
 pub const LINEAR_GRAMMAR: Grammar = Grammar {
-    model: "the decoder",
+    model: "Decoder",
     keys: LINEAR_KEYS,
     presets: &[],
     kv_cache: false,
