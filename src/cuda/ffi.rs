@@ -184,6 +184,22 @@ extern "C" {
         flags: *mut u32,
         stream: Stream,
     ) -> i32;
+    pub fn mxa_fp8_quantize_groups(
+        x: *const c_void,
+        dtype: i32,
+        rows: i64,
+        rows_p: i64,
+        k: i64,
+        ldc: i64,
+        brows: i64,
+        bcols: i64,
+        lds: i64,
+        amax_bits: *mut u32,
+        codes: *mut u8,
+        scales: *mut f32,
+        flags: *mut u32,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_fp8_epilogue(
         p: *const f32,
         ldp: i64,

@@ -8,6 +8,11 @@
 //! reads the flag (one host synchronization) and errs; with [`DeviceChecks::Deferred`] the
 //! flag joins the device's gathered attention checks and
 //! [`crate::attention::check_device`] reports it (no synchronization on the call path).
+//!
+//! The layers' weights are quantized here too when they are loaded on the device
+//! ([`fp8_quantize_weight_rows`] per output channel, [`fp8_quantize_weight_groups`] for
+//! 128 × 128 blocks and tensor scales), so a large model's weights never round-trip through
+//! the host; those calls read their non-finite flag at once and return it.
 
 use crate::attention::DeviceChecks;
 use crate::cuda::ffi;
@@ -103,6 +108,30 @@ pub fn fp8_quantize_rows(
     ldc: usize,
     checks: DeviceChecks,
 ) -> Result<Fp8Rows> {
+    let (rows, nonfinite) = quantize_rows(x, group, rows_p, ldc, checks)?;
+    if nonfinite {
+        bail!("FP8 linear: the input holds a non-finite value (NaN or Inf)");
+    }
+    Ok(rows)
+}
+
+/// A weight `w [rows, k]` quantized per row (per output channel) as
+/// [`fp8_quantize_rows`] does activations, the layout the GEMM reads; the flag of a
+/// non-finite weight is read at the end (one synchronization) and returned rather than
+/// raised, so that the caller can name the value and its position.
+pub fn fp8_quantize_weight_rows(w: &Tensor, rows_p: usize, ldc: usize) -> Result<(Fp8Rows, bool)> {
+    quantize_rows(w, None, rows_p, ldc, DeviceChecks::PerCall)
+}
+
+/// Codes, scales and whether the input held a non-finite value (read only for
+/// [`DeviceChecks::PerCall`]; deferred checks leave it to the device's gathered word).
+fn quantize_rows(
+    x: &Tensor,
+    group: Option<usize>,
+    rows_p: usize,
+    ldc: usize,
+    checks: DeviceChecks,
+) -> Result<(Fp8Rows, bool)> {
     const OP: &str = "fp8_quantize_rows";
     let dev = cuda_dev(x, OP)?;
     let k = *x.dims().last().unwrap_or(&0);
@@ -155,18 +184,108 @@ pub fn fp8_quantize_rows(
             bail!("{OP}: CUDA kernel failed (status {rc})");
         }
     }
-    if let Some(f) = &fresh {
-        let v = stream.clone_dtoh(f).map_err(candle_core::Error::wrap)?;
-        if v[0] & 16 != 0 {
-            bail!("FP8 linear: the input holds a non-finite value (NaN or Inf)");
+    let nonfinite = match &fresh {
+        Some(f) => {
+            let v = stream.clone_dtoh(f).map_err(candle_core::Error::wrap)?;
+            v[0] & 16 != 0
+        }
+        None => false,
+    };
+    Ok((
+        Fp8Rows {
+            codes: wrap(codes, &dev, (rows_p, ldc)),
+            scales: wrap(scales, &dev, (groups, rows_p)),
+            rows,
+            k,
+            group,
+        },
+        nonfinite,
+    ))
+}
+
+/// A weight quantized with one scale per group of rows and columns (from
+/// [`fp8_quantize_weight_groups`]).
+#[derive(Clone, Debug)]
+pub struct Fp8WeightGroups {
+    /// `[rows_p, ldc]` U8: row `r`'s E4M3 codes, zeros in the padded columns and rows.
+    pub codes: Tensor,
+    /// `[⌈rows / brows⌉, lds]` f32: group `(rb, cb)`'s scale at `[rb, cb]`, 1 in the padded
+    /// columns.
+    pub scales: Tensor,
+    /// The input held a non-finite value (its codes are then meaningless).
+    pub nonfinite: bool,
+}
+
+/// Quantizes a weight `w [rows, k]` (f32, bf16 or f16, on a CUDA device) with one scale per
+/// `brows × bcols` group (128 × 128 blocks; `[rows, k]` itself for one tensor scale; the
+/// last groups may be smaller), as `mxattn-fp8`'s `Fp8Weight::quantize` does on the CPU, bit
+/// for bit: codes padded to `[rows_p, ldc]`, scales `[⌈rows / brows⌉, lds]` (`lds` ≥ the
+/// column groups). Two kernel passes (group amax, then codes); the non-finite flag is read
+/// at the end (one synchronization) and returned for the caller to report.
+pub fn fp8_quantize_weight_groups(
+    w: &Tensor,
+    brows: usize,
+    bcols: usize,
+    rows_p: usize,
+    ldc: usize,
+    lds: usize,
+) -> Result<Fp8WeightGroups> {
+    const OP: &str = "fp8_quantize_weight_groups";
+    let dev = cuda_dev(w, OP)?;
+    let (rows, k) = w.dims2()?;
+    if rows == 0 || k == 0 || brows == 0 || bcols == 0 {
+        bail!("{OP}: weight [{rows}, {k}] or group {brows}×{bcols} is empty");
+    }
+    let (groups_r, groups_c) = (rows.div_ceil(brows), k.div_ceil(bcols));
+    if rows_p < rows || ldc < k || lds < groups_c {
+        bail!("{OP}: padding [{rows_p}, {ldc}] (scales {lds} wide) smaller than the weight [{rows}, {k}] ({groups_c} column groups)");
+    }
+    let code = dtype_code(w.dtype(), OP)?;
+    let w = w.contiguous()?;
+    let stream = dev.cuda_stream();
+    // SAFETY: the encode pass writes every code of [rows_p, ldc] and every scale of
+    // [groups_r, lds] (each group's first row its scale, padding included).
+    let mut codes = unsafe { dev.alloc::<u8>(rows_p * ldc)? };
+    let mut scales = unsafe { dev.alloc::<f32>(groups_r * lds)? };
+    let mut amax = dev.alloc_zeros::<u32>(groups_r * groups_c)?;
+    let mut flags = dev.alloc_zeros::<u32>(1)?;
+    let wa = addr(&w, OP)?;
+    {
+        let (c, _gc) = codes.device_ptr_mut(&stream);
+        let (s, _gs) = scales.device_ptr_mut(&stream);
+        let (a, _ga) = amax.device_ptr_mut(&stream);
+        let (f, _gf) = flags.device_ptr_mut(&stream);
+        // SAFETY: w holds rows·k elements of the dtype `code`; codes rows_p·ldc bytes;
+        // scales groups_r·lds f32; amax groups_r·groups_c zeroed words; flags one word.
+        let rc = unsafe {
+            ffi::mxa_fp8_quantize_groups(
+                wa as *const c_void,
+                code,
+                rows as i64,
+                rows_p as i64,
+                k as i64,
+                ldc as i64,
+                brows as i64,
+                bcols as i64,
+                lds as i64,
+                a as *mut u32,
+                c as *mut u8,
+                s as *mut f32,
+                f as *mut u32,
+                stream.cu_stream() as ffi::Stream,
+            )
+        };
+        if rc != ffi::MXA_OK {
+            bail!("{OP}: CUDA kernel failed (status {rc})");
         }
     }
-    Ok(Fp8Rows {
+    let v = stream
+        .clone_dtoh(&flags)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(Fp8WeightGroups {
         codes: wrap(codes, &dev, (rows_p, ldc)),
-        scales: wrap(scales, &dev, (groups, rows_p)),
-        rows,
-        k,
-        group,
+        scales: wrap(scales, &dev, (groups_r, lds)),
+        nonfinite: v[0] & 16 != 0,
     })
 }
 

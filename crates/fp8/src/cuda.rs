@@ -40,6 +40,11 @@
 //! `mxattn::fused::fp8::Fp8Epilogue` applies `acc · sw[o] · sx[t]`, sums the groups and adds
 //! the bias into x's dtype. [`GemmPath`] says which ran.
 //!
+//! **Quantizing at load.** [`GpuWeight::quantize`] makes from a weight on the device the
+//! padded codes and scales that [`GpuWeight::upload`] makes from the host quantization, byte
+//! for byte: per channel with the activations' row kernel (an output channel is a row of W),
+//! tensor and block scales with `fp8_quantize_weight_groups` (group amax, then codes).
+//!
 //! **Caches.** One cuBLASLt handle and one 32 MiB workspace per device, and the matmul
 //! descriptor, layouts and chosen algorithm per (path, shape, dtype), so a model's many calls
 //! reuse them; a refused scaled plan is remembered, so the fallback is taken at once.
@@ -51,7 +56,10 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtrMut};
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::{bail, DType, Result, Tensor};
 use mxattn::attention::DeviceChecks;
-use mxattn::fused::fp8::{fp8_quantize_rows, wrap, Fp8Epilogue, Fp8Rows};
+use mxattn::fused::fp8::{
+    fp8_quantize_rows, fp8_quantize_weight_groups, fp8_quantize_weight_rows, wrap, Fp8Epilogue,
+    Fp8Rows,
+};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -136,17 +144,38 @@ pub(crate) struct GpuWeight {
     last: Mutex<Option<GemmPath>>,
 }
 
-impl GpuWeight {
-    pub(crate) fn upload(w: &Fp8Weight, bias: Option<&Tensor>, dev: &CudaDevice) -> Result<Self> {
-        let cc = compute_cap(dev)?;
-        if cc < 89 {
+/// Errs on a GPU without FP8 tensor cores.
+fn check_fp8_gpu(dev: &CudaDevice) -> Result<()> {
+    let cc = compute_cap(dev)?;
+    if cc < 89 {
+        bail!(
+            "FP8 linear: the GPU has compute capability {}.{}; FP8 tensor cores need 8.9 (Ada) or newer (Hopper: 9.0)",
+            cc / 10,
+            cc % 10
+        );
+    }
+    Ok(())
+}
+
+/// The GEMM needs block columns that are whole 16-byte steps of the codes.
+fn check_block_cols(g: Granularity, out: usize, k: usize) -> Result<()> {
+    if let Granularity::Block { rows, cols } = g {
+        if cols % 16 != 0 {
             bail!(
-                "FP8 linear: the GPU has compute capability {}.{}; FP8 tensor cores need 8.9 (Ada) or newer (Hopper: 9.0)",
-                cc / 10,
-                cc % 10
+                "FP8 linear [{out}, {k}]: {rows}×{cols} weight blocks: the GPU GEMM needs block columns that are a multiple of 16"
             );
         }
+    }
+    Ok(())
+}
+
+impl GpuWeight {
+    /// Copies host codes and scales to the device in the GEMM's layout (an FP8 checkpoint's
+    /// weights, or weights quantized on the host).
+    pub(crate) fn upload(w: &Fp8Weight, bias: Option<&Tensor>, dev: &CudaDevice) -> Result<Self> {
+        check_fp8_gpu(dev)?;
         let (out, k) = (w.out, w.inp);
+        check_block_cols(w.granularity, out, k)?;
         let (out_p, k_p) = (round_up(out, 16), round_up(k, 16));
         let codes = if out_p == out && k_p == k {
             w.codes.clone()
@@ -173,11 +202,6 @@ impl GpuWeight {
                 (v, 0)
             }
             Granularity::Block { rows, cols } => {
-                if cols % 16 != 0 {
-                    bail!(
-                        "FP8 linear [{out}, {k}]: {rows}×{cols} weight blocks: the GPU GEMM needs block columns that are a multiple of 16"
-                    );
-                }
                 let (nb_o, nb_k) = (out.div_ceil(rows), k.div_ceil(cols));
                 let l4 = round_up(nb_k, 4);
                 let mut v = vec![1f32; nb_o * l4];
@@ -193,6 +217,68 @@ impl GpuWeight {
             dev,
             (1, n),
         );
+        Self::assemble(dev, out, k, codes, sw, l4, w.granularity, bias)
+    }
+
+    /// Quantizes `w [out, k]` (on `dev`, nonempty) on the device straight into the layout
+    /// [`Self::upload`] makes from [`Fp8Weight::quantize`]'s codes and scales, which it
+    /// equals bit for bit (the kernels in `kernels/fp8_quantize.cu`): loading a large model
+    /// must not copy every weight to the host and back. A non-finite weight errs as on the
+    /// CPU (its value and position, found on the host: only on that error path).
+    pub(crate) fn quantize(
+        w: &Tensor,
+        granularity: Granularity,
+        bias: Option<&Tensor>,
+        dev: &CudaDevice,
+    ) -> Result<Self> {
+        check_fp8_gpu(dev)?;
+        let (out, k) = w.dims2()?;
+        check_block_cols(granularity, out, k)?;
+        let (out_p, k_p) = (round_up(out, 16), round_up(k, 16));
+        // the kernels read f32, bf16 and f16; anything else widened as the CPU widens it
+        let w = match w.dtype() {
+            DType::F32 | DType::BF16 | DType::F16 => w.clone(),
+            _ => w.to_dtype(DType::F32)?,
+        };
+        let (codes, sw, l4, nonfinite) = match granularity {
+            Granularity::Channel => {
+                // a channel is a row of W: the activations' row kernel, scales [1, out_p]
+                // with 1 in the padded rows, as `upload` pads them
+                let (q, bad) = fp8_quantize_weight_rows(&w, out_p, k_p)?;
+                (q.codes, q.scales, 0, bad)
+            }
+            Granularity::Tensor => {
+                let q = fp8_quantize_weight_groups(&w, out, k, out_p, k_p, 1)?;
+                // one scale, broadcast to the per-channel vector the GEMM reads
+                let sw = q.scales.reshape(1)?.broadcast_as(out_p)?.contiguous()?;
+                (q.codes, sw, 0, q.nonfinite)
+            }
+            Granularity::Block { rows, cols } => {
+                let l4 = round_up(k.div_ceil(cols), 4);
+                let q = fp8_quantize_weight_groups(&w, rows, cols, out_p, k_p, l4)?;
+                (q.codes, q.scales, l4, q.nonfinite)
+            }
+        };
+        if nonfinite {
+            let v: Vec<f32> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            crate::check_finite(&v, k)?;
+            bail!("FP8 weight [{out}, {k}]: non-finite value (flagged on the GPU)");
+        }
+        Self::assemble(dev, out, k, codes, sw, l4, granularity, bias)
+    }
+
+    /// The layer from its device codes `[out_p, k_p]` and scales (any shape, read flat).
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        dev: &CudaDevice,
+        out: usize,
+        k: usize,
+        codes: Tensor,
+        sw: Tensor,
+        l4: usize,
+        granularity: Granularity,
+        bias: Option<&Tensor>,
+    ) -> Result<Self> {
         let bias_f32 = match bias {
             Some(b) => Some(
                 b.to_device(&candle_core::Device::Cuda(dev.clone()))?
@@ -204,17 +290,55 @@ impl GpuWeight {
         Ok(Self {
             dev: dev.clone(),
             out,
-            out_p,
+            out_p: round_up(out, 16),
             k,
-            k_p,
+            k_p: round_up(k, 16),
             codes,
             sw: sw.flatten_all()?,
             l4,
-            granularity: w.granularity,
+            granularity,
             bias_f32,
             bias_cast: Mutex::new(Vec::new()),
             last: Mutex::new(None),
         })
+    }
+
+    /// The host form of the weight, copied back from the device (codes without the
+    /// padding, the granularity's scales), for a layer quantized on the device.
+    pub(crate) fn download(&self) -> Result<Fp8Weight> {
+        let (out, k) = (self.out, self.k);
+        let codes: Vec<u8> = self
+            .codes
+            .narrow(0, 0, out)?
+            .narrow(1, 0, k)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1()?;
+        let scales: Vec<f32> = match self.granularity {
+            Granularity::Tensor => self.sw.narrow(0, 0, 1)?.to_vec1()?,
+            Granularity::Channel => self.sw.narrow(0, 0, out)?.to_vec1()?,
+            Granularity::Block { rows, cols } => {
+                let (nb_o, nb_k) = (out.div_ceil(rows), k.div_ceil(cols));
+                self.sw
+                    .reshape((nb_o, self.l4))?
+                    .narrow(1, 0, nb_k)?
+                    .contiguous()?
+                    .flatten_all()?
+                    .to_vec1()?
+            }
+        };
+        Ok(Fp8Weight {
+            out,
+            inp: k,
+            codes,
+            granularity: self.granularity,
+            scales,
+        })
+    }
+
+    /// The device codes `[out_p, k_p]` and the scales as the GEMM reads them (flat).
+    pub(crate) fn device_parts(&self) -> (Tensor, Tensor) {
+        (self.codes.clone(), self.sw.clone())
     }
 
     pub(crate) fn last_path(&self) -> Option<GemmPath> {

@@ -103,13 +103,25 @@ pub enum Linear {
 }
 
 impl Linear {
-    /// `dense` as `format` says: kept, or quantized to FP8 (on `dense`'s device).
+    /// `dense` as `format` says: kept, or quantized to FP8 on `dense`'s device
+    /// ([`Fp8Linear::quantize`]).
     pub fn new(dense: candle_nn::Linear, format: LinearFormat) -> Result<Self> {
         match format {
             LinearFormat::Dense => Ok(Self::Dense(dense)),
             LinearFormat::Fp8(g) => {
-                let w = Fp8Weight::quantize(dense.weight(), g)?;
-                Self::from_fp8(w, dense.bias().cloned(), dense.weight().device())
+                // on the weight's device: a CUDA weight never goes through the host
+                let layer = Fp8Linear::quantize(dense.weight(), g, None)?;
+                let bias = dense.bias().cloned();
+                if let Some(b) = &bias {
+                    if b.dims() != [layer.shape().0] {
+                        bail!(
+                            "FP8 linear: bias {:?} for {} outputs",
+                            b.dims(),
+                            layer.shape().0
+                        );
+                    }
+                }
+                Ok(Self::Fp8 { layer, bias })
             }
         }
     }
@@ -159,7 +171,7 @@ impl Linear {
     pub fn format(&self) -> LinearFormat {
         match self {
             Self::Dense(_) => LinearFormat::Dense,
-            Self::Fp8 { layer, .. } => LinearFormat::Fp8(layer.weight().granularity()),
+            Self::Fp8 { layer, .. } => LinearFormat::Fp8(layer.granularity()),
         }
     }
 
@@ -167,7 +179,7 @@ impl Linear {
     pub fn dims(&self) -> Result<(usize, usize)> {
         match self {
             Self::Dense(l) => l.weight().dims2(),
-            Self::Fp8 { layer, .. } => Ok(layer.weight().shape()),
+            Self::Fp8 { layer, .. } => Ok(layer.shape()),
         }
     }
 
@@ -184,7 +196,7 @@ impl Linear {
         let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
         let w = match self {
             Self::Dense(l) => bytes(l.weight()),
-            Self::Fp8 { layer, .. } => layer.weight().storage_bytes(),
+            Self::Fp8 { layer, .. } => layer.storage_bytes(),
         };
         w + self.bias().map_or(0, bytes)
     }

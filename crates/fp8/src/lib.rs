@@ -14,15 +14,24 @@
 //! * `y` is the exact product of those values, accumulated in f32 here (a GEMM accumulates
 //!   in its own order: agreement within f32 summation), plus the bias, in x's dtype.
 //!
-//! Weights come from a model in f32/bf16 ([`Fp8Weight::quantize`]) or as stored by FP8
-//! checkpoints ([`Fp8Weight::from_safetensors`]): ComfyUI's scaled FP8 (`weight` E4M3 and a
-//! per-tensor `scale_weight`) and the block-scaled layout of Qwen3-*-FP8 (`weight` E4M3 and
+//! Weights come from a model in f32/bf16 ([`Fp8Weight::quantize`] on the host,
+//! [`Fp8Linear::quantize`] on the weight's device) or as stored by FP8 checkpoints
+//! ([`Fp8Weight::from_safetensors`]): ComfyUI's scaled FP8 (`weight` E4M3 and a per-tensor
+//! `scale_weight`) and the block-scaled layout of Qwen3-*-FP8 (`weight` E4M3 and
 //! `weight_scale_inv` per 128 × 128 block, which despite its name multiplies the codes).
 //!
 //! **On CUDA** (feature `cuda`, `cuda.rs`) a layer built for the GPU keeps the codes and
 //! scales there, quantizes activations with `kernels/fp8_quantize.cu` (the reference's codes
 //! and scales bit for bit) and multiplies with cuBLASLt's FP8 GEMM; `GemmPath` says whether
 //! cuBLASLt took the scales itself or the fallback ran.
+//!
+//! **Quantizing at load on the GPU.** A weight already on a CUDA device (a model loaded or
+//! generated there) is quantized there too ([`Fp8Linear::quantize`], which [`Linear::new`]
+//! and [`Linear::convert`] use), for every granularity, to the definition's codes and scales
+//! bit for bit, straight into the padded layout the GEMM reads: a 14B-parameter model's
+//! weights copied to the host, quantized by its cores and copied back took longer than a
+//! load may (minutes), and a host copy of the codes would hold them twice. The host
+//! [`Fp8Weight`] of such a layer is made only when asked for ([`Fp8Linear::weight`]).
 //!
 //! Per-channel scales are the default for quantizing at load: one outlier weight then costs
 //! only its own row's precision, and the scale folds into the GEMM's epilogue as one vector;
@@ -95,6 +104,35 @@ fn quantize_with(x: f32, s: f32) -> (u8, f32) {
     (c, ElemFormat::E4M3.decode(c) * s)
 }
 
+/// `(out, in)` of a weight matrix to quantize with `granularity`, or the error saying why not.
+fn weight_dims(w: &Tensor, granularity: Granularity) -> Result<(usize, usize)> {
+    let dims = w.dims2().map_err(|_| {
+        candle_core::Error::Msg(format!(
+            "FP8 weight: expected a [out, in] matrix, got shape {:?}",
+            w.dims()
+        ))
+    })?;
+    if let Granularity::Block { rows, cols } = granularity {
+        if rows == 0 || cols == 0 {
+            bail!("FP8 weight: block {rows}×{cols} is empty");
+        }
+    }
+    Ok(dims)
+}
+
+/// Errs at the first non-finite value of a row-major weight `inp` wide, naming it.
+pub(crate) fn check_finite(v: &[f32], inp: usize) -> Result<()> {
+    if let Some(p) = v.par_iter().position_first(|x| !x.is_finite()) {
+        bail!(
+            "FP8 weight: non-finite value {} at [{}, {}]",
+            v[p],
+            p / inp.max(1),
+            p % inp.max(1)
+        );
+    }
+    Ok(())
+}
+
 /// A weight matrix `[out, inp]` in E4M3 codes with its scales.
 #[derive(Clone, Debug)]
 pub struct Fp8Weight {
@@ -108,27 +146,13 @@ pub struct Fp8Weight {
 
 impl Fp8Weight {
     /// Quantizes `w [out, inp]` (any float dtype) with scales of `granularity`.
+    ///
+    /// This runs on the host (the tensor is copied there); [`Fp8Linear::quantize`] quantizes
+    /// a weight on its CUDA device instead, to the same codes and scales.
     pub fn quantize(w: &Tensor, granularity: Granularity) -> Result<Self> {
-        let (out, inp) = w.dims2().map_err(|_| {
-            candle_core::Error::Msg(format!(
-                "FP8 weight: expected a [out, in] matrix, got shape {:?}",
-                w.dims()
-            ))
-        })?;
-        if let Granularity::Block { rows, cols } = granularity {
-            if rows == 0 || cols == 0 {
-                bail!("FP8 weight: block {rows}×{cols} is empty");
-            }
-        }
+        let (out, inp) = weight_dims(w, granularity)?;
         let v: Vec<f32> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        if let Some(p) = v.par_iter().position_first(|x| !x.is_finite()) {
-            bail!(
-                "FP8 weight: non-finite value {} at [{}, {}]",
-                v[p],
-                p / inp,
-                p % inp
-            );
-        }
+        check_finite(&v, inp)?;
         // rows in parallel (a model's weights quantize at load: billions of values); each
         // row's amax per column group, then the rows of a group combined
         let col_groups = match granularity {
@@ -356,11 +380,22 @@ pub fn quantize_activation_codes(x: &Tensor, group: Option<usize>) -> Result<(Ve
     Ok((codes, scales))
 }
 
+/// A bias of `out` values, or the error.
+fn check_bias(bias: Option<&Tensor>, out: usize) -> Result<()> {
+    if let Some(b) = bias {
+        if b.dims() != [out] {
+            bail!("FP8 linear: bias {:?} for {out} outputs", b.dims());
+        }
+    }
+    Ok(())
+}
+
 /// A linear layer with FP8 weights and activations.
 ///
 /// On the CPU it computes the reference (the weight's f32 values are made once, on the
 /// first CPU call or at construction on the CPU). Built for a CUDA device (feature `cuda`),
-/// it keeps the E4M3 codes and the scales on the device (no f32 copy of the weight) and a
+/// it keeps the E4M3 codes and the scales on the device (no f32 copy of the weight; no host
+/// copy of the codes either when quantized there, [`Fp8Linear::quantize`]) and a
 /// CUDA input runs the GPU path (`cuda.rs`): activations quantized on the device, the FP8
 /// GEMM by cuBLASLt. A CUDA call's non-finite-input check is deferred: it joins the
 /// device's gathered checks, which `mxattn::attention::check_device` reads (the models do,
@@ -368,7 +403,12 @@ pub fn quantize_activation_codes(x: &Tensor, group: Option<usize>) -> Result<(Ve
 /// reads it at the end of the call instead (one synchronization).
 #[derive(Clone, Debug)]
 pub struct Fp8Linear {
-    weight: Fp8Weight,
+    out: usize,
+    inp: usize,
+    granularity: Granularity,
+    /// The codes and scales on the host: set at construction from host weights; for a
+    /// layer quantized on its CUDA device, copied back on first use ([`Self::weight`]).
+    weight: std::sync::Arc<std::sync::OnceLock<Fp8Weight>>,
     /// The weight's values `[out, inp]` f32 on the CPU, for the reference product.
     values: std::sync::Arc<std::sync::OnceLock<Tensor>>,
     bias: Option<Tensor>,
@@ -379,12 +419,10 @@ pub struct Fp8Linear {
 }
 
 impl Fp8Linear {
+    /// A layer from host codes and scales (quantized on the host, or an FP8 checkpoint's),
+    /// uploaded to `device` if it is a CUDA device.
     pub fn new(weight: Fp8Weight, bias: Option<Tensor>, device: &Device) -> Result<Self> {
-        if let Some(b) = &bias {
-            if b.dims() != [weight.out] {
-                bail!("FP8 linear: bias {:?} for {} outputs", b.dims(), weight.out);
-            }
-        }
+        check_bias(bias.as_ref(), weight.out)?;
         let values = std::sync::Arc::new(std::sync::OnceLock::new());
         #[cfg(feature = "cuda")]
         let gpu = match device {
@@ -403,7 +441,10 @@ impl Fp8Linear {
             None => None,
         };
         Ok(Self {
-            weight,
+            out: weight.out,
+            inp: weight.inp,
+            granularity: weight.granularity,
+            weight: std::sync::Arc::new(std::sync::OnceLock::from(weight)),
             values,
             bias,
             #[cfg(feature = "cuda")]
@@ -413,17 +454,79 @@ impl Fp8Linear {
         })
     }
 
+    /// Quantizes `w [out, in]` (any float dtype) with scales of `granularity` into a layer
+    /// on w's device, with [`Fp8Weight::quantize`]'s codes and scales. With the feature
+    /// `cuda` and `w` on a CUDA device this runs there (`kernels/fp8_quantize.cu`, bit for
+    /// bit the host's): a model's weights, billions of values made or loaded on the GPU, do
+    /// not go to the host and back, and no host copy of the codes is kept unless
+    /// [`Self::weight`] asks for it. A non-finite weight errs, naming its value and
+    /// position (one synchronization per layer reads the device's flag). Elsewhere it is
+    /// [`Fp8Weight::quantize`] and [`Self::new`].
+    pub fn quantize(w: &Tensor, granularity: Granularity, bias: Option<Tensor>) -> Result<Self> {
+        let (out, _) = weight_dims(w, granularity)?;
+        check_bias(bias.as_ref(), out)?;
+        // (an empty matrix has nothing to quantize: the host path makes its scales)
+        #[cfg(feature = "cuda")]
+        if let (Device::Cuda(d), true) = (w.device(), w.elem_count() > 0) {
+            let gpu = cuda::GpuWeight::quantize(w, granularity, bias.as_ref(), d)?;
+            return Ok(Self {
+                out,
+                inp: w.dim(1)?,
+                granularity,
+                weight: std::sync::Arc::new(std::sync::OnceLock::new()),
+                values: std::sync::Arc::new(std::sync::OnceLock::new()),
+                bias: match bias {
+                    Some(b) => Some(b.to_device(w.device())?),
+                    None => None,
+                },
+                gpu: Some(std::sync::Arc::new(gpu)),
+                force_fallback: false,
+            });
+        }
+        Self::new(Fp8Weight::quantize(w, granularity)?, bias, w.device())
+    }
+
     /// The weight's f32 values on the CPU (made on first use).
     fn values(&self) -> Result<&Tensor> {
         if let Some(v) = self.values.get() {
             return Ok(v);
         }
-        let v = self.weight.dequantize(&Device::Cpu)?;
+        let v = self.weight()?.dequantize(&Device::Cpu)?;
         Ok(self.values.get_or_init(|| v))
     }
 
-    pub fn weight(&self) -> &Fp8Weight {
-        &self.weight
+    /// The codes and scales on the host. A layer quantized on its CUDA device
+    /// ([`Self::quantize`]) copies them from there on the first call (an error is the
+    /// copy's); the shape, granularity and size need no copy: [`Self::shape`],
+    /// [`Self::granularity`], [`Self::storage_bytes`].
+    pub fn weight(&self) -> Result<&Fp8Weight> {
+        if let Some(w) = self.weight.get() {
+            return Ok(w);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let w = g.download()?;
+            return Ok(self.weight.get_or_init(|| w));
+        }
+        bail!(
+            "FP8 linear [{}, {}]: internal error: no weight on the host or a device",
+            self.out,
+            self.inp
+        )
+    }
+
+    /// `(out, in)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.out, self.inp)
+    }
+
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// Bytes of codes plus scales, as [`Fp8Weight::storage_bytes`].
+    pub fn storage_bytes(&self) -> usize {
+        self.out * self.inp + 4 * self.granularity.scale_count(self.out, self.inp)
     }
 
     pub fn bias(&self) -> Option<&Tensor> {
@@ -433,7 +536,7 @@ impl Fp8Linear {
     /// Width of the activation groups along the input that share a scale: the whole row
     /// (`None`) with tensor or channel weight scales, the weight block's columns with blocks.
     pub fn activation_group(&self) -> Option<usize> {
-        match self.weight.granularity {
+        match self.granularity {
             Granularity::Block { cols, .. } => Some(cols),
             _ => None,
         }
@@ -455,11 +558,11 @@ impl Fp8Linear {
     fn forward_impl(&self, x: &Tensor, checked: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let inp = *dims.last().unwrap_or(&0);
-        if inp != self.weight.inp {
+        if inp != self.inp {
             bail!(
                 "FP8 linear: input {:?} has {inp} features, the layer takes {}",
                 dims,
-                self.weight.inp
+                self.inp
             );
         }
         if let Device::Cuda(_) = x.device() {
@@ -474,8 +577,8 @@ impl Fp8Linear {
             }
             bail!(
                 "FP8 linear [{}, {}]: input on CUDA, but the layer was not built for a CUDA device{}",
-                self.weight.out,
-                self.weight.inp,
+                self.out,
+                self.inp,
                 if cfg!(feature = "cuda") {
                     ""
                 } else {
@@ -491,7 +594,7 @@ impl Fp8Linear {
             y = y.broadcast_add(&b.to_device(&Device::Cpu)?.to_dtype(DType::F32)?)?;
         }
         let mut out = dims;
-        *out.last_mut().expect("rank ≥ 1") = self.weight.out;
+        *out.last_mut().expect("rank ≥ 1") = self.out;
         y.reshape(out)?.to_dtype(x.dtype())
     }
 }
@@ -513,6 +616,13 @@ impl Fp8Linear {
     /// None for a CPU layer.
     pub fn device_bytes(&self) -> Option<usize> {
         self.gpu.as_ref().map(|g| g.device_bytes())
+    }
+
+    /// For tests: the device codes `[out_p, in_p]` (U8, padding included) and the weight
+    /// scales as the GEMM reads them (flat f32); None for a CPU layer.
+    #[doc(hidden)]
+    pub fn device_weight(&self) -> Option<(Tensor, Tensor)> {
+        self.gpu.as_ref().map(|g| g.device_parts())
     }
 }
 

@@ -7,14 +7,19 @@
 //! * the GEMM within a bound derived below, for tensor, channel and 128 × 128 block weights,
 //!   at the fixture shape, at one token, at ragged shapes and at model shapes, on the path
 //!   cuBLASLt takes and on the forced fallback;
-//! * bad input as errors (feature count, non-finite input, per call and deferred).
+//! * bad input as errors (feature count, non-finite input, per call and deferred);
+//! * weights quantized on the GPU at load: the host quantization's codes and scales bit for
+//!   bit, the uploaded layer's device bytes and output bit for bit, non-finite weights as
+//!   errors naming the position.
 #![cfg(feature = "cuda")]
 
+use candle_core::Module;
 use candle_core::{DType, Device, Tensor};
 use mxattn::attention::DeviceChecks;
 use mxattn::fused::fp8::fp8_quantize_rows;
 use mxattn_fp8::{
     quantize_activation_codes, quantize_activations_grouped, Fp8Linear, Fp8Weight, Granularity,
+    Linear, LinearFormat,
 };
 
 fn gpu() -> Option<Device> {
@@ -420,4 +425,181 @@ fn the_gpu_layer_keeps_codes_not_f32_values() {
     let l = Fp8Linear::new(wq, None, &dev).unwrap();
     // one byte per weight plus the padded block scales: 8 × 32 f32
     assert_eq!(l.device_bytes(), Some(1024 * 4096 + 4 * 8 * 32));
+}
+
+/// A weight of every kind of row for quantizing at load ([`activation_rows`]: random, an
+/// all-zero row, an outlier row, rounding ties, E4M3 subnormals), plus where it fits a huge
+/// outlier (f32 and bf16 hold 1e30; f16 would make it Inf) and an all-zero 128 × 128 block.
+fn weight_rows(out: usize, inp: usize, dt: DType, seed: u64) -> Vec<f32> {
+    let mut w = activation_rows(out, inp, seed);
+    if out > 6 && dt != DType::F16 {
+        w[6 * inp + inp / 2] = -1.0e30;
+    }
+    if out >= 256 && inp >= 256 {
+        for o in 128..256 {
+            w[o * inp + 128..o * inp + 256].fill(0.0);
+        }
+    }
+    w
+}
+
+fn same_bits(what: &str, a: &Tensor, b: &Tensor) {
+    assert_eq!(a.dims(), b.dims(), "{what}: shapes");
+    assert_eq!(a.dtype(), b.dtype(), "{what}: dtypes");
+    let (a, b) = if a.dtype() == DType::U8 {
+        (host_u8(a), host_u8(b))
+    } else {
+        let bits = |t: &Tensor| -> Vec<u8> {
+            host_f32(t)
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect()
+        };
+        (bits(a), bits(b))
+    };
+    if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
+        panic!("{what}: first difference at byte {i}: {} vs {}", a[i], b[i]);
+    }
+}
+
+#[test]
+fn weights_quantized_on_the_gpu_equal_the_host_quantization() {
+    let Some(dev) = gpu() else { return };
+    // ragged everywhere (not multiples of 16 or 128), one column, a single block, blocks
+    // with ragged edges, and a Wan2.2-A14B FFN weight
+    let shapes: &[(usize, usize, &[DType])] = &[
+        (40, 136, &[DType::F32, DType::BF16, DType::F16]),
+        (3, 5, &[DType::F32, DType::BF16]),
+        (7, 1, &[DType::F32]),
+        (300, 520, &[DType::F32, DType::BF16, DType::F16]),
+        (129, 257, &[DType::BF16]),
+        (256, 4096, &[DType::BF16]),
+        (13824, 5120, &[DType::BF16]),
+    ];
+    for (si, &(out, inp, dts)) in shapes.iter().enumerate() {
+        for &dt in dts {
+            let w = weight_rows(out, inp, dt, 500 + si as u64);
+            // both sides quantize the same values: w rounded to dt
+            let wc = Tensor::from_vec(w, (out, inp), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap();
+            let wg = wc.to_device(&dev).unwrap();
+            let x = Tensor::from_vec(activation_rows(5, inp, 77), (5, inp), &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
+            for (name, g) in granularities() {
+                let what = format!("[{out}, {inp}] {dt:?} {name}");
+                let t0 = std::time::Instant::now();
+                let host = Fp8Weight::quantize(&wc, g).unwrap();
+                let t_host = t0.elapsed();
+                let t0 = std::time::Instant::now();
+                let mut on_dev = Fp8Linear::quantize(&wg, g, None).unwrap();
+                dev.synchronize().unwrap();
+                let t_dev = t0.elapsed();
+                if out * inp > 1 << 24 {
+                    println!(
+                        "{what}: quantized on the host in {t_host:?}, on the GPU in {t_dev:?}"
+                    );
+                }
+                assert_eq!(on_dev.shape(), (out, inp), "{what}");
+                assert_eq!(on_dev.granularity(), g, "{what}");
+                assert_eq!(on_dev.storage_bytes(), host.storage_bytes(), "{what}");
+                let mut uploaded = Fp8Linear::new(host.clone(), None, &dev).unwrap();
+                // the device buffers, padding included, as the upload of the host's codes
+                let (dc, ds) = on_dev.device_weight().unwrap();
+                let (uc, us) = uploaded.device_weight().unwrap();
+                same_bits(&format!("{what}: device codes"), &dc, &uc);
+                same_bits(&format!("{what}: device scales"), &ds, &us);
+                assert_eq!(on_dev.device_bytes(), uploaded.device_bytes(), "{what}");
+                // the host form copied back: the host's codes and scales
+                let back = on_dev.weight().unwrap();
+                assert_eq!(back.shape(), host.shape(), "{what}");
+                assert_eq!(back.granularity(), g, "{what}");
+                if let Some(i) = back
+                    .codes()
+                    .iter()
+                    .zip(host.codes())
+                    .position(|(a, b)| a != b)
+                {
+                    panic!(
+                        "{what}: code [{}, {}]: GPU {:#04x}, host {:#04x}",
+                        i / inp,
+                        i % inp,
+                        back.codes()[i],
+                        host.codes()[i]
+                    );
+                }
+                let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(back.scales()), bits(host.scales()), "{what}: scales");
+                // the same GEMM on the same bytes: the same output, bit for bit
+                for fb in [false, true] {
+                    on_dev.set_force_fallback(fb);
+                    uploaded.set_force_fallback(fb);
+                    let a = on_dev.forward_checked(&x).unwrap();
+                    let b = uploaded.forward_checked(&x).unwrap();
+                    assert_eq!(on_dev.last_gpu_path(), uploaded.last_gpu_path(), "{what}");
+                    same_bits(&format!("{what}: forward (fallback {fb})"), &a, &b);
+                }
+            }
+            // through the models' constructor: a dense layer on the GPU converted at load
+            if out * inp <= 1 << 24 {
+                let bias = Tensor::from_vec(
+                    (0..out).map(|o| o as f32 * 0.25 - 3.0).collect::<Vec<_>>(),
+                    out,
+                    &dev,
+                )
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap();
+                for (name, g) in granularities() {
+                    let dense = candle_nn::Linear::new(wg.clone(), Some(bias.clone()));
+                    let a = Linear::new(dense, LinearFormat::Fp8(g)).unwrap();
+                    let host = Fp8Weight::quantize(&wc, g).unwrap();
+                    let b = Linear::from_fp8(host, Some(bias.clone()), &dev).unwrap();
+                    assert_eq!(a.format(), LinearFormat::Fp8(g));
+                    assert_eq!(a.dims().unwrap(), (out, inp));
+                    assert_eq!(a.storage_bytes(), b.storage_bytes());
+                    let what = format!("[{out}, {inp}] {dt:?} {name}: Linear::new");
+                    same_bits(&what, &a.forward(&x).unwrap(), &b.forward(&x).unwrap());
+                }
+            }
+        }
+    }
+    mxattn::attention::check_device(&dev).unwrap();
+}
+
+#[test]
+fn a_non_finite_weight_is_an_error_when_quantized_on_the_gpu() {
+    let Some(dev) = gpu() else { return };
+    let (out, inp) = (300, 136);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for dt in [DType::F32, DType::BF16] {
+            let mut w = weight_rows(out, inp, dt, 9);
+            w[133 * inp + 7] = bad;
+            let wg = Tensor::from_vec(w, (out, inp), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
+            for (name, g) in granularities() {
+                let e = Fp8Linear::quantize(&wg, g, None).unwrap_err().to_string();
+                assert!(
+                    e.contains("non-finite") && e.contains("at [133, 7]"),
+                    "{bad} {dt:?} {name}: {e}"
+                );
+                let dense = candle_nn::Linear::new(wg.clone(), None);
+                let e = Linear::new(dense, LinearFormat::Fp8(g))
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("non-finite"), "{bad} {dt:?} {name}: {e}");
+            }
+        }
+    }
+    // the weights' checks are their own: nothing left for the device's gathered check
+    mxattn::attention::check_device(&dev).unwrap();
 }
