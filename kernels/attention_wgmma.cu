@@ -416,8 +416,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       } else if (MODE == 4) {
         // EFQ: the running max in natural-log units (α = e^(m_old − m_new), as the CPU's
         // FlashAttention loop), then per 32-key block (this row's 8 values in each of the
-        // quad's 4 threads) the scale exponent from the block max and the codes of
-        // x = s − m (efq_prob, the simple kernel's arithmetic): P = C8[c]·2^k, no exp.
+        // quad's 4 threads) the scale exponent from the block max, once, and each value's
+        // code: P = C8[c]·2^k, no exp, held as P·2^14 (PBytes). x = s·mult − m rounded
+        // twice as on the CPU: the row max gives exactly 0 (an FMA would leave the product's
+        // rounding error there, and the Floor scale's k steps at 0).
         const float mult = P.score_scale * unit;
         const float mn = fmaxf(m[r], smax * mult);
         if (mn != NEG_INF) alpha[r] = expf(m[r] - mn);
@@ -430,17 +432,19 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-              const float v = mn == NEG_INF ? NEG_INF : s[4 * (4 * b + i) + 2 * r + e] * mult - mn;
+              const float v = mn == NEG_INF ? NEG_INF : __fmul_rn(s[4 * (4 * b + i) + 2 * r + e], mult) - mn;
               x[2 * i + e] = v;
               mb = fmaxf(mb, v);
             }
           mb = quad_max(mb);
+          const EfqBlock blk = efq_block(P, mb);
+          static_assert(PBytes<4>::SCALE == 16384.0f, "EFQ P is held as P·2^14");
+          const float up = pow2f(blk.k + 14);  // 2^k · PBytes<4>::SCALE, normal for k ≥ −127
 #pragma unroll
           for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 2; e++)
-              s[4 * (4 * b + i) + 2 * r + e] =
-                  mn == NEG_INF ? 0.0f : efq_prob(P, x[2 * i + e], mb) * PBytes<MODE>::SCALE;
+              s[4 * (4 * b + i) + 2 * r + e] = mn == NEG_INF ? 0.0f : efq_c8(efq_code(P, blk, x[2 * i + e])) * up;
         }
       } else {
         // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
@@ -454,7 +458,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int i = 0; i < BC / 8; i++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
-            const float x = mn == NEG_INF ? 0.0f : ex2(fmaf(s[4 * i + 2 * r + e], mult, -mn));
+            // MX P: the row max must give exactly 1 (x = 0, not an FMA's rounding error of
+            // s·mult, which moves the Floor scale's block exponent); E4M3 P and exact fuse.
+            const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) - mn
+                                                   : fmaf(s[4 * i + 2 * r + e], mult, -mn);
+            const float x = mn == NEG_INF ? 0.0f : ex2(y);
             s[4 * i + 2 * r + e] = MODE == 3 ? x * PBytes<MODE>::SCALE : x;
           }
         if (MODE == 5 || MODE == 6) {
