@@ -145,6 +145,20 @@ static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c,
   return __byte_perm(ab, cd, 0x5410);
 }
 
+static __device__ __forceinline__ unsigned e5m2_byte(float v) {
+  return (unsigned)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+}
+// The E5M2 byte of C8[c]·2^(k+14) (`up` = 2^(k+14)) for an E2M1 code c ≥ 0 of a block with
+// scale exponent k ≤ −2 (P ≤ 1.5): c = [e1 e0 m] is C8 = 1.m·2^(e−1) for c ≥ 2, so its byte
+// is (e + k + 28) << 2 | m << 1 = 2c + 4(k + 28); 0.5 (c = 1) is 4(k + 28). Exact while
+// 2^(k+13) is an E5M2 normal (k ≥ −27, the block's largest P above ≈2^−25); below that
+// cvt rounds the value, as MODE 3's E4M3 bytes are rounded.
+static __device__ __forceinline__ unsigned e2m1_e5m2_byte(unsigned c, int k, float up) {
+  if (k < -27) return e5m2_byte(efq_c8(c) * up);
+  const unsigned base = 4u * (unsigned)(k + 28);
+  return c == 0 ? 0u : (c == 1 ? base : 2u * c + base);
+}
+
 // ---------------------------------------------------------------- the attention kernel
 
 constexpr int STAGES_FP8 = 3;
@@ -438,13 +452,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           mb = quad_max(mb);
           const EfqBlock blk = efq_block(P, mb);
-          static_assert(PBytes<4>::SCALE == 16384.0f, "EFQ P is held as P·2^14");
-          const float up = pow2f(blk.k + 14);  // 2^k · PBytes<4>::SCALE, normal for k ≥ −127
+          // P·2^14 as its E5M2 byte (PBytes<4>), kept in s's low byte as MODE 1's codes
+          const float up = pow2f(blk.k + 14);
 #pragma unroll
           for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 2; e++)
-              s[4 * (4 * b + i) + 2 * r + e] = mn == NEG_INF ? 0.0f : efq_c8(efq_code(P, blk, x[2 * i + e])) * up;
+              s[4 * (4 * b + i) + 2 * r + e] =
+                  __uint_as_float(mn == NEG_INF ? 0u : e2m1_e5m2_byte(efq_code(P, blk, x[2 * i + e]), blk.k, up));
         }
       } else {
         // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
@@ -479,7 +494,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
               for (int e = 0; e < 2; e++) {
                 float& v = s[4 * (4 * b + i) + 2 * r + e];
-                v = mx_decode(mx_encode(v * down, P.p_elem), P.p_elem) * up;
+                const unsigned c = mx_encode(v * down, P.p_elem);
+                if (MODE == 6) v = mx_decode(c, P.p_elem) * up;
+                // MODE 5: the E5M2 byte, in the low byte as MODE 1's codes
+                else if (P.p_elem == FMT_E2M1) v = __uint_as_float(e2m1_e5m2_byte(c, ex, up));
+                else v = __uint_as_float(e5m2_byte(mx_decode(c, P.p_elem) * up));
               }
           }
         }
@@ -490,7 +509,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int kk = 0; kk < T::PSTEPS; kk++) {
       if constexpr (FP8) {
         const int c0 = 16 * kk;  // s index of key chunk 4kk
-        if (MODE == 1) {
+        if (MODE == 1 || MODE == 4 || MODE == 5) {
           a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
           a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
           a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);

@@ -140,14 +140,13 @@ static __device__ __forceinline__ unsigned efq_c16(int j) {
   return (unsigned)(0x7765543322111110ULL >> (4 * j)) & 15u;
 }
 
-// number of entries t[0..n) with t[i] <= x (t ascending)
-static __device__ __forceinline__ int count_le(const float* t, int n, float x) {
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (t[mid] <= x) lo = mid + 1; else hi = mid;
-  }
-  return lo;
+// The number of entries t[0..n) with t[i] <= x (t ascending), from a guess near it, in a load or two
+// where the guess is off by at most one, not a binary search's chain of dependent loads.
+static __device__ __forceinline__ int count_le_near(const float* t, int n, float x, float guess) {
+  int i = (int)fminf(fmaxf(guess, 0.0f), (float)n);
+  while (i < n && t[i] <= x) i++;
+  while (i > 0 && t[i - 1] > x) i--;
+  return i;
 }
 
 // EFQ in two steps (efq.rs block_codes), so a kernel can do a block's part once per block:
@@ -171,10 +170,12 @@ static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float 
   if (efq_table(P)) {
     int k;
     if (P.efq_scale == EFQS_FLOOR) {
-      const int n = count_le(P.thr_pow2, 150, mb);
+      // thr_pow2[i]: where e^x reaches 2^(i−149), so n − 150 = ⌊log2 e^mb⌋
+      const int n = count_le_near(P.thr_pow2, 150, mb, floorf(mb * P.log2e) + 150.0f);
       k = n == 0 ? -127 : (n - 1 - 149) - 2;
     } else {
-      const int n = count_le(P.thr_six, 128, mb);
+      // thr_six: n − 127 = ⌈log2 e^mb − log2 6⌉
+      const int n = count_le_near(P.thr_six, 128, mb, ceilf(mb * P.log2e - P.log2_6) + 127.0f);
       k = -127 + n;
     }
     k = min(max(k, -127), 0);
