@@ -165,6 +165,25 @@ fn main() -> Result<()> {
             AttentionConfig::efq(EfqConfig::new(EfqRule::Mmlu), OperandFormat::mx(E2M1), fp8v),
             GpuPath::Auto,
         ),
+        (
+            "mxattn EFQ exact thresholds, MXFP4 QK, FP8 V",
+            AttentionConfig::efq(
+                EfqConfig::new(EfqRule::ExactThresholds),
+                OperandFormat::mx(E2M1),
+                fp8v,
+            ),
+            GpuPath::Auto,
+        ),
+        (
+            "mxattn exp->MXFP4 P, MXFP4 QK, FP8 V",
+            AttentionConfig::exp_then_quantize(OperandFormat::mx(E2M1), fp8v, ProbFormat::mx(E2M1)),
+            GpuPath::Auto,
+        ),
+        (
+            "mxattn exp->MXFP8 P, MXFP8 QK, FP8 V",
+            AttentionConfig::exp_then_quantize(OperandFormat::mx(E4M3), fp8v, ProbFormat::mx(E4M3)),
+            GpuPath::Auto,
+        ),
     ];
     println!(
         "# bench_gpu: CUDA device 0, CUDA events, mean of {} after {} warm-up",

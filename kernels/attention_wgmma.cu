@@ -111,11 +111,52 @@ static __device__ __forceinline__ float ex2(float x) {
 static __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
+static __device__ __forceinline__ uint32_t e5m2x2(float lo, float hi) {
+  return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E5M2);
+}
+
+// The P modes (MODE, below) and how P reaches the PV MMA. P ≤ 1.5 in every mode; it is held
+// as FP8 bytes of P·SCALE (the same factor in O and in L, so it cancels in O / L):
+// * 3, exp→E4M3 P: E4M3 bytes of P·2^8, the CPU's own code (its E4M3 P is P·256 encoded).
+// * 4, EFQ: P = C8[c]·2^k, an E2M1 value (one mantissa bit) with k ≤ −2; E5M2 (two mantissa
+//   bits, subnormals to 2^−16) holds it exactly at P·2^14 for k ≥ −29, i.e. for every
+//   block whose largest P is above ≈2^−27 of the row maximum; E4M3 would stop at k ≥ −14.
+// * 5, exp→MX P with E2M1, E3M2 or E5M2 elements (at most two mantissa bits): E5M2 bytes of
+//   P·2^14, exact for every P value ≥ 2^−28.
+// * 6, exp→MX P with E2M3 or E4M3 elements (three mantissa bits): E4M3 bytes of P·2^8,
+//   exact for every P value ≥ 2^−14; smaller values land on E4M3's subnormal grid there
+//   (steps of 2^−17 in P: absolute error ≤ 2^−18 per key).
+// Values below those ranges round to nearest in the byte format (cvt.rn.satfinite), which
+// moves O by at most the rounded mass over L (tests/gpu.rs bounds it).
+template <int MODE>
+struct PBytes {
+  static constexpr bool E5M2 = MODE == 4 || MODE == 5;
+  static constexpr float SCALE = E5M2 ? 16384.0f : (MODE == 3 || MODE == 6 ? 256.0f : 1.0f);
+};
+template <int MODE>
+static __device__ __forceinline__ uint32_t p_bytes2(float lo, float hi) {
+  if constexpr (PBytes<MODE>::E5M2) return e5m2x2(lo, hi);
+  else return e4m3x2(lo, hi);
+}
 // Low bytes of four (x + MAGIC) floats, packed: the u8 codes.
 static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c, float d) {
   const uint32_t ab = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
   const uint32_t cd = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
   return __byte_perm(ab, cd, 0x5410);
+}
+
+static __device__ __forceinline__ unsigned e5m2_byte(float v) {
+  return (unsigned)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+}
+// The E5M2 byte of C8[c]·2^(k+14) (`up` = 2^(k+14)) for an E2M1 code c ≥ 0 of a block with
+// scale exponent k ≤ −2 (P ≤ 1.5): c = [e1 e0 m] is C8 = 1.m·2^(e−1) for c ≥ 2, so its byte
+// is (e + k + 28) << 2 | m << 1 = 2c + 4(k + 28); 0.5 (c = 1) is 4(k + 28). Exact while
+// 2^(k+13) is an E5M2 normal (k ≥ −27, the block's largest P above ≈2^−25); below that
+// cvt rounds the value, as MODE 3's E4M3 bytes are rounded.
+static __device__ __forceinline__ unsigned e2m1_e5m2_byte(unsigned c, int k, float up) {
+  if (k < -27) return e5m2_byte(efq_c8(c) * up);
+  const unsigned base = 4u * (unsigned)(k + 28);
+  return c == 0 ? 0u : (c == 1 ? base : 2u * c + base);
 }
 
 // ---------------------------------------------------------------- the attention kernel
@@ -188,7 +229,7 @@ static __device__ __forceinline__ void qk_mma(float (&s)[64], uint32_t q_s, uint
   }
 }
 
-template <bool FP8>
+template <bool FP8, bool P_E5M2>
 static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a)[Tile<FP8>::PSTEPS][4],
                                               uint32_t v_s, bool accumulate) {
   using T = Tile<FP8>;
@@ -196,13 +237,15 @@ static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a
   for (int kk = 0; kk < T::PSTEPS; kk++) {
     const int cb = (kk * 32) / 128, off = (kk * 32) % 128;
     const uint64_t db = desc_sw128(v_s + cb * VROWS * 128 + off);
-    if constexpr (FP8) wgmma_rs_m64n136k32_e4m3(o, a[kk], db, accumulate || kk > 0);
+    if constexpr (FP8 && P_E5M2) wgmma_rs_m64n136k32_e5m2_e4m3(o, a[kk], db, accumulate || kk > 0);
+    else if constexpr (FP8) wgmma_rs_m64n136k32_e4m3(o, a[kk], db, accumulate || kk > 0);
     else wgmma_rs_m64n136k16_bf16(o, a[kk], db, accumulate || kk > 0);
   }
 }
 
 // MODE: 0 exact softmax (bf16), 1 Fused-Softmax u8 code, 2 Fused-Softmax fp32 bits,
-// 3 exp then E4M3 P.
+// 3 exp then E4M3 P, 4 EFQ, 5 exp then MX P in E5M2 bytes, 6 exp then MX P in E4M3 bytes
+// (PBytes above).
 template <bool FP8, int MODE>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_wgmma_kernel(AttnParams P, const uint8_t* __restrict__ q, const float* __restrict__ qmul,
@@ -384,8 +427,44 @@ __global__ void __launch_bounds__(THREADS, 1)
             s[4 * i + 2 * r + 1] = __uint_as_float(x1 > 0.0f ? (unsigned)x1 : 0u);
           }
         }
+      } else if (MODE == 4) {
+        // EFQ: the running max in natural-log units (α = e^(m_old − m_new), as the CPU's
+        // FlashAttention loop), then per 32-key block (this row's 8 values in each of the
+        // quad's 4 threads) the scale exponent from the block max, once, and each value's
+        // code: P = C8[c]·2^k, no exp, held as P·2^14 (PBytes). x = s·mult − m rounded
+        // twice as on the CPU: the row max gives exactly 0 (an FMA would leave the product's
+        // rounding error there, and the Floor scale's k steps at 0).
+        const float mult = P.score_scale * unit;
+        const float mn = fmaxf(m[r], smax * mult);
+        if (mn != NEG_INF) alpha[r] = expf(m[r] - mn);
+        m[r] = mn;
+#pragma unroll
+        for (int b = 0; b < BC / 32; b++) {
+          float x[8];
+          float mb = NEG_INF;
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              const float v = mn == NEG_INF ? NEG_INF : __fmul_rn(s[4 * (4 * b + i) + 2 * r + e], mult) - mn;
+              x[2 * i + e] = v;
+              mb = fmaxf(mb, v);
+            }
+          mb = quad_max(mb);
+          const EfqBlock blk = efq_block(P, mb);
+          // P·2^14 as its E5M2 byte (PBytes<4>), kept in s's low byte as MODE 1's codes
+          const float up = pow2f(blk.k + 14);
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+              s[4 * (4 * b + i) + 2 * r + e] =
+                  __uint_as_float(mn == NEG_INF ? 0u : e2m1_e5m2_byte(efq_code(P, blk, x[2 * i + e]), blk.k, up));
+        }
       } else {
-        // exact online softmax in log2 units (MODE 0), or exp then E4M3 P (MODE 3)
+        // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
+        // 32-key block (MODES 5, 6: the block max over the quad, mx_block_fake_quant's
+        // arithmetic)
         const float mult = P.score_scale * P.log2e * unit;
         const float mn = fmaxf(m[r], smax * mult);
         if (mn != NEG_INF) alpha[r] = ex2(m[r] - mn);
@@ -394,9 +473,35 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int i = 0; i < BC / 8; i++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
-            const float x = mn == NEG_INF ? 0.0f : ex2(fmaf(s[4 * i + 2 * r + e], mult, -mn));
-            s[4 * i + 2 * r + e] = MODE == 3 ? x * 256.0f : x;
+            // MX P: the row max must give exactly 1 (x = 0, not an FMA's rounding error of
+            // s·mult, which moves the Floor scale's block exponent); E4M3 P and exact fuse.
+            const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) - mn
+                                                   : fmaf(s[4 * i + 2 * r + e], mult, -mn);
+            const float x = mn == NEG_INF ? 0.0f : ex2(y);
+            s[4 * i + 2 * r + e] = MODE == 3 ? x * PBytes<MODE>::SCALE : x;
           }
+        if (MODE == 5 || MODE == 6) {
+#pragma unroll
+          for (int b = 0; b < BC / 32; b++) {
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) amax = fmaxf(amax, fmaxf(s[4 * (4 * b + i) + 2 * r], s[4 * (4 * b + i) + 2 * r + 1]));
+            amax = quad_max(amax);
+            const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
+            const float down = pow2f(-ex), up = e8m0_decode((unsigned)(ex + 127)) * PBytes<MODE>::SCALE;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+              for (int e = 0; e < 2; e++) {
+                float& v = s[4 * (4 * b + i) + 2 * r + e];
+                const unsigned c = mx_encode(v * down, P.p_elem);
+                if (MODE == 6) v = mx_decode(c, P.p_elem) * up;
+                // MODE 5: the E5M2 byte, in the low byte as MODE 1's codes
+                else if (P.p_elem == FMT_E2M1) v = __uint_as_float(e2m1_e5m2_byte(c, ex, up));
+                else v = __uint_as_float(e5m2_byte(mx_decode(c, P.p_elem) * up));
+              }
+          }
+        }
       }
     }
     // P as the A operand of the PV MMA
@@ -404,16 +509,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int kk = 0; kk < T::PSTEPS; kk++) {
       if constexpr (FP8) {
         const int c0 = 16 * kk;  // s index of key chunk 4kk
-        if (MODE == 1) {
+        if (MODE == 1 || MODE == 4 || MODE == 5) {
           a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
           a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
           a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
           a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
         } else {
-          a[kk][0] = e4m3x2(s[c0 + 0], s[c0 + 1]) | (e4m3x2(s[c0 + 4], s[c0 + 5]) << 16);
-          a[kk][1] = e4m3x2(s[c0 + 2], s[c0 + 3]) | (e4m3x2(s[c0 + 6], s[c0 + 7]) << 16);
-          a[kk][2] = e4m3x2(s[c0 + 8], s[c0 + 9]) | (e4m3x2(s[c0 + 12], s[c0 + 13]) << 16);
-          a[kk][3] = e4m3x2(s[c0 + 10], s[c0 + 11]) | (e4m3x2(s[c0 + 14], s[c0 + 15]) << 16);
+          a[kk][0] = p_bytes2<MODE>(s[c0 + 0], s[c0 + 1]) | (p_bytes2<MODE>(s[c0 + 4], s[c0 + 5]) << 16);
+          a[kk][1] = p_bytes2<MODE>(s[c0 + 2], s[c0 + 3]) | (p_bytes2<MODE>(s[c0 + 6], s[c0 + 7]) << 16);
+          a[kk][2] = p_bytes2<MODE>(s[c0 + 8], s[c0 + 9]) | (p_bytes2<MODE>(s[c0 + 12], s[c0 + 13]) << 16);
+          a[kk][3] = p_bytes2<MODE>(s[c0 + 10], s[c0 + 11]) | (p_bytes2<MODE>(s[c0 + 14], s[c0 + 15]) << 16);
         }
       } else {
         const int c0 = 8 * kk;
@@ -460,7 +565,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_commit();
     }
     if constexpr (HAS_PV) {
-      pv_mma<FP8>(acc, a_in, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
+      pv_mma<FP8, PBytes<MODE>::E5M2>(acc, a_in, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
       wgmma_commit();
     }
     if (!(wg == 1 && !HAS_QK)) named_bar_arrive(other_bar, CONSUMERS * 128);
@@ -533,7 +638,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if (P.with_lse && t == 0) {
       float lse = NEG_INF;
-      if (nvis[r] > 0 && l > 0.0f) lse = P.ln2 * (m[r] + log2f(MODE == 3 ? l / 256.0f : l));
+      if (nvis[r] > 0 && l > 0.0f) {
+        if (MODE == 4) lse = m[r] + logf(l / PBytes<MODE>::SCALE);  // EFQ: m in natural-log units
+        else lse = P.ln2 * (m[r] + log2f(l / PBytes<MODE>::SCALE));
+      }
       ((float*)out)[row * stride + D] = lse;
     }
   }
@@ -544,6 +652,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 static int mode_of(const AttnParams* P) {
   if (P->algo == ALGO_EXACT) return 0;
   if (P->algo == ALGO_FUSED) return P->fused_kind == FUSED_U8 ? 1 : 2;
+  if (P->algo == ALGO_EFQ) return 4;
+  if (P->p_kind == PROB_MX) return P->p_elem == FMT_E2M3 || P->p_elem == FMT_E4M3 ? 6 : 5;
   return 3;
 }
 
@@ -592,6 +702,9 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
       (P->fused_kind == FUSED_U8 || P->fused_kind == FUSED_F32BITS))
     return 2;
   if (P->algo == ALGO_ETQ && P->p_kind == PROB_FP8 && P->p_elem == FMT_E4M3) return 2;
+  // P in 32-key blocks: one block is 8 keys of each of a quad's 4 threads (see softmax)
+  if (P->algo == ALGO_ETQ && P->p_kind == PROB_MX && P->p_block == 32) return 2;
+  if (P->algo == ALGO_EFQ && P->p_kind == PROB_F32 && P->efq_block == 32) return 2;
   return 0;
 }
 
@@ -611,8 +724,11 @@ extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const flo
     case 0: return wg::launch<false, 0>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 1: return wg::launch<true, 1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 2: return wg::launch<true, 2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 3: return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 4: return wg::launch<true, 4>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 5: return wg::launch<true, 5>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     default:
-      return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      return wg::launch<true, 6>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
   }
 }
 #endif  // !__HIPCC__

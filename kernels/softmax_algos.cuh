@@ -130,70 +130,110 @@ static __device__ float tile_fused(const AttnParams& P, RowState& st, const floa
   return alpha;
 }
 
-__constant__ float EFQ_C8[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-__constant__ unsigned char EFQ_C16[16] = {0, 1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 6, 7, 7};
-
-// number of entries t[0..n) with t[i] <= x (t ascending)
-static __device__ __forceinline__ int count_le(const float* t, int n, float x) {
-  int lo = 0, hi = n;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (t[mid] <= x) lo = mid + 1; else hi = mid;
-  }
-  return lo;
+// E2M1 value of code c (0, 0.5, 1, 1.5, 2, 3, 4, 6) from its bits, and the LUT rule's
+// 16 bins → codes as nibbles: no table in constant memory, where a warp's different
+// indices would serialize.
+static __device__ __forceinline__ float efq_c8(unsigned c) {
+  return c < 2 ? 0.5f * (float)c : __uint_as_float((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+}
+static __device__ __forceinline__ unsigned efq_c16(int j) {
+  return (unsigned)(0x7765543322111110ULL >> (4 * j)) & 15u;
 }
 
-// E2M1 code and scale exponent of one element of a block (efq.rs block_codes).
-static __device__ __forceinline__ float efq_prob(const AttnParams& P, float x, float mb) {
+// The number of entries t[0..n) with t[i] <= x (t ascending), from a guess near it, in a load or two
+// where the guess is off by at most one, not a binary search's chain of dependent loads.
+static __device__ __forceinline__ int count_le_near(const float* t, int n, float x, float guess) {
+  int i = (int)fminf(fmaxf(guess, 0.0f), (float)n);
+  while (i < n && t[i] <= x) i++;
+  while (i > 0 && t[i - 1] > x) i--;
+  return i;
+}
+
+// EFQ in two steps (efq.rs block_codes), so a kernel can do a block's part once per block:
+// the scale exponent k from the block max mb and what the code rule needs of it, then each
+// element's code. Products that are then added are __fmul_rn: the CPU rounds the product
+// before the sum, and nvcc would fuse the two into one FMA (only some sources build with
+// -fmad=false), moving a code at a boundary.
+struct EfqBlock {
   int k;
-  unsigned c;
-  if (P.efq_kind == EFQ_EXACT && P.efq_scale != EFQS_EFQ) {
+  float kf;
+  float shift;  // k·ln 2 + ln 6 (the affine and LUT rules)
+  float t[7];   // the exact-threshold rule's boundaries at this k (Floor / RCEIL scales)
+};
+
+static __device__ __forceinline__ bool efq_table(const AttnParams& P) {
+  return P.efq_kind == EFQ_EXACT && P.efq_scale != EFQS_EFQ;
+}
+
+static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float mb) {
+  EfqBlock b;
+  if (efq_table(P)) {
+    int k;
     if (P.efq_scale == EFQS_FLOOR) {
-      const int n = count_le(P.thr_pow2, 150, mb);
+      // thr_pow2[i]: where e^x reaches 2^(i−149), so n − 150 = ⌊log2 e^mb⌋
+      const int n = count_le_near(P.thr_pow2, 150, mb, floorf(mb * P.log2e) + 150.0f);
       k = n == 0 ? -127 : (n - 1 - 149) - 2;
     } else {
-      const int n = count_le(P.thr_six, 128, mb);
+      // thr_six: n − 127 = ⌈log2 e^mb − log2 6⌉
+      const int n = count_le_near(P.thr_six, 128, mb, ceilf(mb * P.log2e - P.log2_6) + 127.0f);
       k = -127 + n;
-      if (k > 0) k = 0;
     }
-    if (k < -127) k = -127;
-    if (k > 0) k = 0;
+    k = min(max(k, -127), 0);
+    b.k = k;
+    b.kf = (float)k;
+    b.shift = 0.0f;
     const float* t = P.thr_code + (k + 127) * 7;
-    c = 0;
 #pragma unroll
-    for (int i = 0; i < 7; i++) c += (x >= t[i]) ? 1u : 0u;
-  } else {
-    float kf;
-    if (mb == NEG_INF) {
-      kf = -127.0f;
-    } else {
-      if (P.efq_scale == EFQS_EFQ) kf = floorf((mb + P.ln_2_over_9) / P.ln2);
-      else if (P.efq_scale == EFQS_FLOOR) kf = floorf(mb * P.log2e) - 2.0f;
-      else kf = ceilf(mb * P.log2e - P.log2_6);
-      kf = fminf(fmaxf(kf, -127.0f), 127.0f);
-    }
-    k = (int)kf;
-    kf = (float)k;
-    if (P.efq_kind == EFQ_LUT) {
-      const float z = x - (kf * P.ln2 + P.ln6);
-      const float j = fminf(fmaxf(floorf((z - P.lut_tau) * P.lut_h) + 1.0f, 0.0f), 15.0f);
-      c = EFQ_C16[(int)j];
-    } else if (P.efq_kind == EFQ_TWO_PIECE) {
-      const float w = x * P.log2e - kf;
-      if (w >= P.log2_075) c = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
-      else c = (w > -2.0f) ? 1u : 0u;
-    } else if (P.efq_kind == EFQ_EXACT) {
-      const float w = x * P.log2e - kf;
-      // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5: strict at even positions
-      c = 0;
-#pragma unroll
-      for (int i = 0; i < 7; i++) c += ((i % 2 == 0) ? (w > P.log2_mid[i]) : (w >= P.log2_mid[i])) ? 1u : 0u;
-    } else {
-      const float z = x - (kf * P.ln2 + P.ln6);
-      c = (unsigned)fminf(fmaxf(floorf((z - P.efq_tau) * P.efq_h) + 1.0f, 0.0f), 7.0f);
-    }
+    for (int i = 0; i < 7; i++) b.t[i] = t[i];
+    return b;
   }
-  return EFQ_C8[c] * pow2f(k);
+  float kf;
+  if (mb == NEG_INF) {
+    kf = -127.0f;
+  } else {
+    if (P.efq_scale == EFQS_EFQ) kf = floorf((mb + P.ln_2_over_9) / P.ln2);
+    else if (P.efq_scale == EFQS_FLOOR) kf = floorf(__fmul_rn(mb, P.log2e)) - 2.0f;
+    else kf = ceilf(__fmul_rn(mb, P.log2e) - P.log2_6);
+    kf = fminf(fmaxf(kf, -127.0f), 127.0f);
+  }
+  b.k = (int)kf;
+  b.kf = (float)b.k;
+  b.shift = __fmul_rn(b.kf, P.ln2) + P.ln6;
+#pragma unroll
+  for (int i = 0; i < 7; i++) b.t[i] = 0.0f;
+  return b;
+}
+
+// The E2M1 code of one shifted score x (natural log, ≤ 0) of a block.
+static __device__ __forceinline__ unsigned efq_code(const AttnParams& P, const EfqBlock& b, float x) {
+  unsigned c = 0;
+  if (efq_table(P)) {
+#pragma unroll
+    for (int i = 0; i < 7; i++) c += (x >= b.t[i]) ? 1u : 0u;
+  } else if (P.efq_kind == EFQ_LUT) {
+    const float z = x - b.shift;
+    const float j = fminf(fmaxf(floorf((z - P.lut_tau) * P.lut_h) + 1.0f, 0.0f), 15.0f);
+    c = efq_c16((int)j);
+  } else if (P.efq_kind == EFQ_TWO_PIECE) {
+    const float w = __fmul_rn(x, P.log2e) - b.kf;
+    if (w >= P.log2_075) c = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
+    else c = (w > -2.0f) ? 1u : 0u;
+  } else if (P.efq_kind == EFQ_EXACT) {
+    const float w = __fmul_rn(x, P.log2e) - b.kf;
+    // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5: strict at even positions
+#pragma unroll
+    for (int i = 0; i < 7; i++) c += ((i % 2 == 0) ? (w > P.log2_mid[i]) : (w >= P.log2_mid[i])) ? 1u : 0u;
+  } else {
+    const float z = x - b.shift;
+    c = (unsigned)fminf(fmaxf(floorf((z - P.efq_tau) * P.efq_h) + 1.0f, 0.0f), 7.0f);
+  }
+  return c;
+}
+
+// P of one element of a block: C8[c]·2^k.
+static __device__ __forceinline__ float efq_prob(const AttnParams& P, float x, float mb) {
+  const EfqBlock b = efq_block(P, mb);
+  return efq_c8(efq_code(P, b, x)) * pow2f(b.k);
 }
 
 static __device__ float tile_efq(const AttnParams& P, RowState& st, const float s[TILE_SLOTS],

@@ -11,6 +11,8 @@ OPS = [
     ("wgmma_ss_m64n128k32_e4m3", "m64n128k32", "f32.e4m3.e4m3", 64, False),
     ("wgmma_ss_m64n128k16_bf16", "m64n128k16", "f32.bf16.bf16", 64, False),
     ("wgmma_rs_m64n136k32_e4m3", "m64n136k32", "f32.e4m3.e4m3", 68, True),
+    # P in E5M2 (EFQ, exp -> MX P with <= 2 mantissa bits) times V in E4M3
+    ("wgmma_rs_m64n136k32_e5m2_e4m3", "m64n136k32", "f32.e5m2.e4m3", 68, True),
     ("wgmma_rs_m64n136k16_bf16", "m64n136k16", "f32.bf16.bf16", 68, True),
 ]
 

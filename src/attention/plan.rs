@@ -106,8 +106,9 @@ fn bf16_exact(f: OperandFormat) -> bool {
 }
 
 /// The wgmma kernel's operand type for this config, if it takes it: BF16 for exact softmax
-/// on native/bf16 operands, FP8 for Fused-Softmax (u8 or fp32-bits P) and exp→E4M3 on FP8
-/// operands.
+/// on native/bf16 operands; FP8 on FP8 operands for Fused-Softmax (u8 or fp32-bits P),
+/// exp→E4M3 P, exp→MX P in 32-key blocks and EFQ in 32-key blocks (P re-expressed as E4M3
+/// or E5M2 bytes: `kernels/attention_wgmma.cu`, `PBytes`).
 fn wgmma_kind(cfg: &AttentionConfig) -> Option<bool> {
     let p_f32 = cfg.p_format == ProbFormat::F32;
     if matches!(cfg.algorithm, Algorithm::Exact)
@@ -124,12 +125,12 @@ fn wgmma_kind(cfg: &AttentionConfig) -> Option<bool> {
         Algorithm::FusedSoftmax(f) => {
             p_f32 && matches!(f.probs, FusedProbs::U8Code | FusedProbs::Fp32Bits)
         }
-        Algorithm::ExpThenQuantize => {
-            cfg.p_format
-                == ProbFormat::Fp8 {
-                    elem: ElemFormat::E4M3,
-                }
-        }
+        Algorithm::ExpThenQuantize => match cfg.p_format {
+            ProbFormat::Fp8 { elem } => elem == ElemFormat::E4M3,
+            ProbFormat::Mx { block, .. } => block == 32,
+            ProbFormat::F32 => false,
+        },
+        Algorithm::Efq(e) => p_f32 && e.block == 32,
         _ => false,
     };
     takes.then_some(true)
@@ -288,8 +289,8 @@ mod tests {
     }
 
     /// The kernel each preset gets on Hopper at head dim 128: the list the README's
-    /// kernel table states (BF16 wgmma for exact, FP8 wgmma for Fused-Softmax u8/fp32-bits
-    /// and exp→E4M3, mma.sync for the rest).
+    /// kernel table states (BF16 wgmma for exact, FP8 wgmma for Fused-Softmax u8/fp32-bits,
+    /// exp→E4M3, exp→MX P and EFQ, mma.sync for the rest).
     #[test]
     fn kernel_choice_follows_the_kernel_table() {
         let want = |name: &str| -> Kernel {
@@ -297,7 +298,8 @@ mod tests {
                 "exact" | "bf16" | "kv-mxfp8" | "kv-mxfp6" | "kv-mxfp4" => {
                     Kernel::Wgmma { fp8: false }
                 }
-                "fused" | "fused-mxfp8" | "fused-mxfp6" | "fused-mxfp4" => {
+                "fused" | "fused-mxfp8" | "fused-mxfp6" | "fused-mxfp4" | "mxfp8" | "mxfp6"
+                | "mxfp4" | "efq" | "efq-mmlu" | "efq-mean" | "efq-exact" => {
                     Kernel::Wgmma { fp8: true }
                 }
                 _ => Kernel::Mma,
