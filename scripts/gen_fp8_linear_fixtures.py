@@ -3,7 +3,8 @@
 (an independent E4M3 implementation) in float64:
 
   tiny.json                  inputs, the E4M3 codes and scales of each weight granularity, and
-                             y = (per-token FP8 x) · (FP8 W)ᵀ + b for each
+                             y = (per-token FP8 x) · (FP8 W)ᵀ + b for each, and for tensor and
+                             channel scales `y_weight_only` = x · (FP8 W)ᵀ + b (the `fp8-w` layer)
   comfyui_scaled_fp8.safetensors   ComfyUI's scaled-FP8 layout: `layer.weight` F8_E4M3,
                              `layer.scale_weight` F32 scalar, `layer.bias`
   qwen_fp8.safetensors       the block-scaled layout of Qwen3-*-FP8: `layer.weight` F8_E4M3,
@@ -108,6 +109,10 @@ def main():
         y = linear(x, vals, b, 128 if kind == "block128" else None)
         fx["granularity"][kind] = {"codes_hex": codes.tobytes().hex(), "scales": scales,
                                    "y": y.ravel().tolist()}
+        if kind != "block128":
+            # weight-only (`fp8-w`): the activations as given, the FP8 weight's values
+            yw = x.astype(np.float64) @ vals.T + b.astype(np.float64)
+            fx["granularity"][kind]["y_weight_only"] = yw.ravel().tolist()
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "tiny.json"), "w") as f:
         json.dump(fx, f)

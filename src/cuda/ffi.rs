@@ -200,6 +200,31 @@ extern "C" {
         flags: *mut u32,
         stream: Stream,
     ) -> i32;
+    pub fn mxa_fp8_gemv(
+        w: *const u8,
+        ldw: i64,
+        sw: *const f32,
+        x: *const c_void,
+        x_dtype: i32,
+        ldx: i64,
+        sx: *const f32,
+        bias: *const f32,
+        y: *mut c_void,
+        out_dtype: i32,
+        t: i64,
+        out: i64,
+        k: i64,
+        stream: Stream,
+    ) -> i32;
+    pub fn mxa_fp8_dequant(
+        w: *const u8,
+        ldw: i64,
+        rows: i64,
+        k: i64,
+        dst: *mut c_void,
+        dtype: i32,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_fp8_epilogue(
         p: *const f32,
         ldp: i64,

@@ -387,3 +387,142 @@ impl Fp8Epilogue<'_> {
         Ok(())
     }
 }
+
+/// Most tokens one [`fp8_gemv`] call takes (the kernel keeps one accumulator per token).
+pub const GEMV_MAX_TOKENS: usize = 8;
+
+/// The activations of [`fp8_gemv`].
+#[derive(Clone, Copy, Debug)]
+pub enum GemvInput<'a> {
+    /// As they come: `x [t, k]`, f32, bf16 or f16 (the weight-only layer).
+    Values(&'a Tensor),
+    /// E4M3 codes and per-token scales from [`fp8_quantize_rows`] (one group per row), its
+    /// codes padded like the weight's.
+    Fp8(&'a Fp8Rows),
+}
+
+fn alloc_out(dev: &CudaDevice, dt: DType, rows: usize, cols: usize, what: &str) -> Result<Tensor> {
+    let n = (rows * cols).max(1);
+    // SAFETY: every caller's kernel writes all rows × cols elements before any read.
+    Ok(unsafe {
+        match dt {
+            DType::F32 => wrap(dev.alloc::<f32>(n)?, dev, (rows, cols)),
+            DType::BF16 => wrap(dev.alloc::<half::bf16>(n)?, dev, (rows, cols)),
+            DType::F16 => wrap(dev.alloc::<half::f16>(n)?, dev, (rows, cols)),
+            dt => bail!("{what}: dtype {dt:?} unsupported (f32, bf16, f16)"),
+        }
+    })
+}
+
+/// The decode-shaped product of an FP8 layer with one scale per output channel
+/// (`kernels/fp8_gemv.cu`): `y [t, out]` in `out_dtype` with
+/// `y[t, o] = sw[o] · (sx[t]) · Σ_k a[t, k] · E4M3(w[o, k]) (+ bias[o])`, for
+/// `t ≤ GEMV_MAX_TOKENS` tokens, the weight's bytes read once. `w`: codes `[≥ out, ldw]` U8
+/// (`ldw` a multiple of 16, zero codes past `k`); `sw`: f32 `[≥ out]`; `bias`: f32 `[out]`.
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_gemv(
+    w: &Tensor,
+    sw: &Tensor,
+    out: usize,
+    k: usize,
+    x: GemvInput,
+    t: usize,
+    bias: Option<&Tensor>,
+    out_dtype: DType,
+) -> Result<Tensor> {
+    const OP: &str = "fp8_gemv";
+    let dev = cuda_dev(w, OP)?;
+    let ldw = w.dims().last().copied().unwrap_or(0);
+    if w.dtype() != DType::U8
+        || w.dims().len() != 2
+        || w.dim(0)? < out
+        || ldw < k
+        || ldw % 16 != 0
+        || sw.dtype() != DType::F32
+        || sw.elem_count() < out
+        || t > GEMV_MAX_TOKENS
+    {
+        bail!("{OP}: internal error: inconsistent operands");
+    }
+    if let Some(b) = bias {
+        if b.dtype() != DType::F32 || b.elem_count() != out {
+            bail!("{OP}: internal error: the bias must be f32 [{out}]");
+        }
+    }
+    let y = alloc_out(&dev, out_dtype, t, out, OP)?;
+    if t == 0 || out == 0 {
+        return Ok(y);
+    }
+    let keep; // a contiguous copy of the input lives until the kernel is queued
+    let (xa, x_dtype, ldx, sx) = match x {
+        GemvInput::Values(x) => {
+            if x.elem_count() != t * k {
+                bail!("{OP}: internal error: input {:?} for {t} × {k}", x.dims());
+            }
+            keep = x.contiguous()?;
+            (addr(&keep, OP)?, dtype_code(keep.dtype(), OP)?, k, 0u64)
+        }
+        GemvInput::Fp8(q) => {
+            if q.k != k || q.codes.dims().last() != Some(&ldw) || q.groups() != 1 || q.rows < t {
+                bail!("{OP}: internal error: activation codes do not match the weight");
+            }
+            (addr(&q.codes, OP)?, 3, ldw, addr(&q.scales, OP)?)
+        }
+    };
+    let ba = match bias {
+        Some(b) => addr(b, OP)?,
+        None => 0,
+    };
+    // SAFETY: sizes checked above; every pointer is on this device and its buffer lives
+    // until the kernel, queued on the device's stream, has run.
+    let rc = unsafe {
+        ffi::mxa_fp8_gemv(
+            addr(w, OP)? as *const u8,
+            ldw as i64,
+            addr(sw, OP)? as *const f32,
+            xa as *const c_void,
+            x_dtype,
+            ldx as i64,
+            sx as *const f32,
+            ba as *const f32,
+            addr(&y, OP)? as *mut c_void,
+            dtype_code(out_dtype, OP)?,
+            t as i64,
+            out as i64,
+            k as i64,
+            dev.cuda_stream().cu_stream() as ffi::Stream,
+        )
+    };
+    if rc != ffi::MXA_OK {
+        bail!("{OP}: CUDA kernel failed (status {rc})");
+    }
+    Ok(y)
+}
+
+/// The unscaled values of the codes `w [≥ rows, ldw]` (U8 E4M3), `[rows, k]` in `dtype`
+/// (exact in f32, bf16 and f16), for a GEMM in that dtype whose output the caller scales.
+pub fn fp8_dequant(w: &Tensor, rows: usize, k: usize, dtype: DType) -> Result<Tensor> {
+    const OP: &str = "fp8_dequant";
+    let dev = cuda_dev(w, OP)?;
+    let ldw = w.dims().last().copied().unwrap_or(0);
+    if w.dtype() != DType::U8 || w.dims().len() != 2 || w.dim(0)? < rows || ldw < k {
+        bail!("{OP}: internal error: inconsistent operands");
+    }
+    let dst = alloc_out(&dev, dtype, rows, k, OP)?;
+    // SAFETY: w holds ≥ rows·ldw bytes, dst rows·k elements of `dtype`, both on this device.
+    let rc = unsafe {
+        ffi::mxa_fp8_dequant(
+            addr(w, OP)? as *const u8,
+            ldw as i64,
+            rows as i64,
+            k as i64,
+            addr(&dst, OP)? as *mut c_void,
+            dtype_code(dtype, OP)?,
+            dev.cuda_stream().cu_stream() as ffi::Stream,
+        )
+    };
+    if rc != ffi::MXA_OK {
+        bail!("{OP}: CUDA kernel failed (status {rc})");
+    }
+    Ok(dst)
+}

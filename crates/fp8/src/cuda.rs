@@ -33,6 +33,13 @@
 //! bias rounded to x's dtype, as a bf16 model's bias is stored); for f32 outputs (the FP8
 //! tables give a bf16 bias there) the bias is added after the GEMM in f32.
 //!
+//! **Decode.** Up to `GEMV_MAX_TOKENS` (8) tokens with tensor or channel scales, the product
+//! is `kernels/fp8_gemv.cu`'s GEMV instead ([`GemmPath::Gemv`]): the same exact FP8 products
+//! summed in f32, the weight's bytes read once, where cuBLASLt's FP8 GEMM measured no faster
+//! than the BF16 one (`evals/results/bench_fp8_linear.md`). The weight-only layers
+//! ([`crate::Fp8Linear::weight_only`]) take the same GEMV with their activations as they
+//! come, and for more tokens a GEMM of x's dtype (f32 for f16) over the codes' values.
+//!
 //! **Fallback.** If cuBLASLt refuses the scale modes (the heuristic finds no algorithm or the
 //! matmul fails: an Ada GPU has only scalar FP8 scaling; a block size other than 128 × 128),
 //! the layer runs the GEMM with scalar scales of 1 into f32, one GEMM per weight-scale group
@@ -57,8 +64,8 @@ use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::{bail, DType, Result, Tensor};
 use mxattn::attention::DeviceChecks;
 use mxattn::fused::fp8::{
-    fp8_quantize_rows, fp8_quantize_weight_groups, fp8_quantize_weight_rows, wrap, Fp8Epilogue,
-    Fp8Rows,
+    fp8_dequant, fp8_gemv, fp8_quantize_rows, fp8_quantize_weight_groups, fp8_quantize_weight_rows,
+    wrap, Fp8Epilogue, Fp8Rows, GemvInput, GEMV_MAX_TOKENS,
 };
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -72,6 +79,13 @@ pub enum GemmPath {
     Scaled { bias_epilogue: bool },
     /// Scalar-scaled cuBLASLt GEMMs into f32 and mxattn's scale epilogue (module doc).
     Fallback,
+    /// A few tokens (decode) with tensor or channel scales: `kernels/fp8_gemv.cu`, one warp
+    /// per output channel, the weight's bytes read once (cuBLASLt's FP8 GEMM reaches at most
+    /// the BF16 GEMM's time there).
+    Gemv,
+    /// Weight-only layers, many tokens: the codes' values in x's dtype and a GEMM of that
+    /// dtype, the channel scales after it.
+    Dequantized,
 }
 
 const WORKSPACE: usize = 32 << 20;
@@ -387,6 +401,20 @@ impl GpuWeight {
         }
         let t_p = round_up(t, 4);
         let q = fp8_quantize_rows(x, group, t_p, self.k_p, checks)?;
+        if !force_fallback && t <= GEMV_MAX_TOKENS && self.per_channel() {
+            let y = fp8_gemv(
+                &self.codes,
+                &self.sw,
+                self.out,
+                self.k,
+                GemvInput::Fp8(&q),
+                t,
+                self.bias_f32.as_ref(),
+                dt,
+            )?;
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Gemv);
+            return y.reshape(out_dims);
+        }
         let block128 = self.granularity == Granularity::BLOCK128;
         let scaled_ok = !force_fallback
             && match self.granularity {
@@ -415,6 +443,63 @@ impl GpuWeight {
         let y = self.fallback(&q, dt, t_p)?;
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Fallback);
         y.reshape(out_dims)
+    }
+
+    /// Tensor or channel scales: `sw` is one scale per output channel (what the GEMV takes).
+    fn per_channel(&self) -> bool {
+        matches!(self.granularity, Granularity::Tensor | Granularity::Channel)
+    }
+
+    /// The weight-only product (`crate::Fp8Linear::weight_only`): `x [.., k]` as it comes
+    /// against the FP8 weight, `[.., out]` in x's dtype. Up to `GEMV_MAX_TOKENS` tokens the
+    /// GEMV (the weight's bytes read once); more, the codes' values (exact in x's dtype) into
+    /// a GEMM of x's dtype (f32 for f16 inputs: f16's range), then the channel scales and the bias in f32.
+    pub(crate) fn forward_weight_only(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let dt = x.dtype();
+        if !matches!(dt, DType::F32 | DType::BF16 | DType::F16) {
+            bail!("FP8 linear: input dtype {dt:?} unsupported on CUDA (f32, bf16, f16)");
+        }
+        if !self.per_channel() {
+            bail!("FP8 linear: weight-only layers take tensor or channel scales");
+        }
+        let t = x.elem_count() / self.k.max(1);
+        let mut out_dims = dims.clone();
+        *out_dims.last_mut().expect("rank ≥ 1") = self.out;
+        if t == 0 {
+            return Tensor::zeros(out_dims, dt, x.device());
+        }
+        let x2 = x.reshape((t, self.k))?;
+        if t <= GEMV_MAX_TOKENS {
+            let y = fp8_gemv(
+                &self.codes,
+                &self.sw,
+                self.out,
+                self.k,
+                GemvInput::Values(&x2),
+                t,
+                self.bias_f32.as_ref(),
+                dt,
+            )?;
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Gemv);
+            return y.reshape(out_dims);
+        }
+        // f16's range (65504) can be too small for the unscaled sums (codes up to 448): f16
+        // inputs multiply in f32
+        let gt = if dt == DType::F16 { DType::F32 } else { dt };
+        let v = fp8_dequant(&self.codes, self.out, self.k, gt)?;
+        let sw = self.sw.narrow(0, 0, self.out)?.unsqueeze(0)?;
+        let mut y = x2
+            .to_dtype(gt)?
+            .contiguous()?
+            .matmul(&v.t()?)?
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&sw)?;
+        if let Some(b) = &self.bias_f32 {
+            y = y.broadcast_add(b)?;
+        }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Dequantized);
+        y.to_dtype(dt)?.reshape(out_dims)
     }
 
     /// The scaled cuBLASLt GEMM into `[t_p, out_p]`, or None where cuBLASLt refuses it.

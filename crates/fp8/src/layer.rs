@@ -14,6 +14,9 @@ pub enum LinearFormat {
     /// FP8 E4M3 weights with scales of this granularity, per-token FP8 activations
     /// (1 × 128 groups with 128 × 128 weight blocks); output in the input's dtype.
     Fp8(Granularity),
+    /// FP8 E4M3 weights with a scale per output channel, activations as they come
+    /// ([`Fp8Linear::weight_only`]).
+    Fp8WeightOnly,
 }
 
 /// Names, as written in a linear schedule, and what they mean.
@@ -37,6 +40,11 @@ const NAMES: &[(&str, LinearFormat, &str)] = &[
         "fp8-block",
         LinearFormat::Fp8(Granularity::BLOCK128),
         "FP8 E4M3 with 128×128 weight blocks and 1×128 activation groups (the official FP8 checkpoints)",
+    ),
+    (
+        "fp8-w",
+        LinearFormat::Fp8WeightOnly,
+        "weight-only FP8: E4M3 weights with a scale per output channel, activations unquantized (W8A16)",
     ),
 ];
 
@@ -108,9 +116,14 @@ impl Linear {
     pub fn new(dense: candle_nn::Linear, format: LinearFormat) -> Result<Self> {
         match format {
             LinearFormat::Dense => Ok(Self::Dense(dense)),
-            LinearFormat::Fp8(g) => {
+            LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly => {
+                let (g, weight_only) = match format {
+                    LinearFormat::Fp8(g) => (g, false),
+                    _ => (Granularity::Channel, true),
+                };
                 // on the weight's device: a CUDA weight never goes through the host
-                let layer = Fp8Linear::quantize(dense.weight(), g, None)?;
+                let layer =
+                    Fp8Linear::quantize(dense.weight(), g, None)?.weight_only(weight_only)?;
                 let bias = dense.bias().cloned();
                 if let Some(b) = &bias {
                     if b.dims() != [layer.shape().0] {
@@ -149,11 +162,15 @@ impl Linear {
 
     /// Runs a dense layer in `format` from now on (quantizing it now). An FP8 layer keeps
     /// its codes for any FP8 format (re-quantizing FP8 values to other scales would only
-    /// lose precision: an FP8 checkpoint runs as stored) and cannot become dense (its dense
+    /// lose precision: an FP8 checkpoint runs as stored), switching only whether its
+    /// activations are quantized (`fp8-w`: not), and cannot become dense (its dense
     /// weights are gone).
     pub fn convert(&mut self, format: LinearFormat) -> Result<()> {
-        match (&*self, format) {
-            (Self::Dense(_), LinearFormat::Dense) | (Self::Fp8 { .. }, LinearFormat::Fp8(_)) => {
+        match (&mut *self, format) {
+            (Self::Dense(_), LinearFormat::Dense) => Ok(()),
+            (Self::Fp8 { layer, .. }, LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly) => {
+                let on = format == LinearFormat::Fp8WeightOnly;
+                *layer = layer.clone().weight_only(on)?;
                 Ok(())
             }
             (Self::Dense(d), f) => {
@@ -171,6 +188,7 @@ impl Linear {
     pub fn format(&self) -> LinearFormat {
         match self {
             Self::Dense(_) => LinearFormat::Dense,
+            Self::Fp8 { layer, .. } if layer.is_weight_only() => LinearFormat::Fp8WeightOnly,
             Self::Fp8 { layer, .. } => LinearFormat::Fp8(layer.granularity()),
         }
     }

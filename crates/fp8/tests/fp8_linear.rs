@@ -237,3 +237,116 @@ fn bad_input_is_a_clear_error() {
         .to_string();
     assert!(e.contains("has 5 features, the layer takes 4"), "{e}");
 }
+
+/// Weight-only layers (`fp8-w`): the oracle's `y_weight_only` (x as given times the FP8
+/// weight's values, float64) within f32 accumulation, for tensor and channel scales; the
+/// activations really are left alone (the all-FP8 layer's output differs where a token's
+/// values are not E4M3 values); a block-scaled weight is refused; the linear schedule's
+/// `fp8-w` builds such a layer and converts an FP8 layer back and forth.
+#[test]
+fn weight_only_layers_match_the_oracle() {
+    use mxattn_fp8::{Linear, LinearFormat};
+    let f = fx();
+    let xs = vec2(&f.x);
+    for name in ["tensor", "channel"] {
+        let g = if name == "tensor" {
+            Granularity::Tensor
+        } else {
+            Granularity::Channel
+        };
+        let want = &f.json["granularity"][name];
+        let ys: Vec<f64> = want["y_weight_only"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let w = Fp8Weight::quantize(&f.w, g).unwrap();
+        let wv = w.dequantize(&Device::Cpu).unwrap();
+        let l = Fp8Linear::new(w.clone(), Some(f.bias.clone()), &Device::Cpu)
+            .unwrap()
+            .weight_only(true)
+            .unwrap();
+        assert!(l.is_weight_only());
+        let y = l.forward(&f.x).unwrap();
+        check_product(&format!("{name} weight-only"), &y, &ys, &f.x, &wv, f.out);
+        // token 1 holds a 40 among N(0, 1) values: quantized, they move by up to 2⁻⁴ of
+        // themselves, far more than f32 accumulation allows
+        let both = vec2(
+            &Fp8Linear::new(w, Some(f.bias.clone()), &Device::Cpu)
+                .unwrap()
+                .forward(&f.x)
+                .unwrap(),
+        );
+        let yv = vec2(&y);
+        let moved = (0..f.out)
+            .map(|o| (yv[1][o] - both[1][o]).abs() as f64)
+            .fold(0f64, f64::max);
+        let scale: f64 = xs[1].iter().map(|v| (*v as f64).abs()).sum::<f64>() / xs[1].len() as f64;
+        assert!(
+            moved > 1e-4 * scale,
+            "{name}: weight-only equals the FP8-activation layer"
+        );
+    }
+    let e = Fp8Linear::new(
+        Fp8Weight::quantize(&f.w, Granularity::BLOCK128).unwrap(),
+        None,
+        &Device::Cpu,
+    )
+    .unwrap()
+    .weight_only(true)
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("weight-only layers take tensor or channel scales"),
+        "{e}"
+    );
+
+    let dense = candle_nn::Linear::new(f.w.clone(), Some(f.bias.clone()));
+    let g = mxattn::schedule::Grammar {
+        model: "test",
+        keys: &[],
+        presets: &[],
+        kv_cache: false,
+    };
+    let fmt: LinearFormat = mxattn::schedule::Choice::parse_name("fp8-w", &g).unwrap();
+    assert_eq!(fmt, LinearFormat::Fp8WeightOnly);
+    let mut l = Linear::new(dense, fmt).unwrap();
+    assert_eq!(l.format().name(), "fp8-w");
+    let ys: Vec<f64> = f.json["granularity"]["channel"]["y_weight_only"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let wv = Fp8Weight::quantize(&f.w, Granularity::Channel)
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap();
+    use candle_core::Module;
+    check_product(
+        "Linear fp8-w",
+        &l.forward(&f.x).unwrap(),
+        &ys,
+        &f.x,
+        &wv,
+        f.out,
+    );
+    l.convert(LinearFormat::Fp8(Granularity::Channel)).unwrap();
+    assert_eq!(l.format(), LinearFormat::Fp8(Granularity::Channel));
+    let ys: Vec<f64> = f.json["granularity"]["channel"]["y"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let a = mxattn_fp8::quantize_activations_grouped(&f.x, None).unwrap();
+    check_product(
+        "Linear fp8 after fp8-w",
+        &l.forward(&f.x).unwrap(),
+        &ys,
+        &a,
+        &wv,
+        f.out,
+    );
+}

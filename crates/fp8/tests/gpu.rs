@@ -7,6 +7,9 @@
 //! * the GEMM within a bound derived below, for tensor, channel and 128 × 128 block weights,
 //!   at the fixture shape, at one token, at ragged shapes and at model shapes, on the path
 //!   cuBLASLt takes and on the forced fallback;
+//! * the decode GEMV (≤ 8 tokens, tensor and channel scales) taken where it applies;
+//! * weight-only layers (`fp8-w`): the GEMV and the many-token GEMM against the CPU
+//!   reference, f32, bf16 and f16 inputs, aligned and ragged widths;
 //! * bad input as errors (feature count, non-finite input, per call and deferred);
 //! * weights quantized on the GPU at load: the host quantization's codes and scales bit for
 //!   bit, the uploaded layer's device bytes and output bit for bit, non-finite weights as
@@ -265,6 +268,11 @@ fn check_layer(
     let path = gl.last_gpu_path();
     if force_fallback {
         assert_eq!(path, Some(mxattn_fp8::GemmPath::Fallback));
+    } else if x.dims()[0] <= mxattn::fused::fp8::GEMV_MAX_TOKENS
+        && matches!(w.granularity(), Granularity::Tensor | Granularity::Channel)
+    {
+        // decode-shaped products take the GEMV (cuda.rs)
+        assert_eq!(path, Some(mxattn_fp8::GemmPath::Gemv), "{name}");
     }
     mxattn::attention::check_device(dev).unwrap();
     let what = format!("{name} [{}, {inp}]→{out} {dt:?} path {path:?}", x.dims()[0]);
@@ -602,4 +610,82 @@ fn a_non_finite_weight_is_an_error_when_quantized_on_the_gpu() {
     }
     // the weights' checks are their own: nothing left for the device's gathered check
     mxattn::attention::check_device(&dev).unwrap();
+}
+
+/// Weight-only layers: GPU against the CPU reference (x as given times the FP8 weight's
+/// values, f32 accumulation) within `check_close`'s bound with S = Σ|x·w|: the GEMV up to 8
+/// tokens, beyond it the GEMM of x's dtype over the codes' values (its output rounded to x's
+/// dtype before the channel scale: the bound's doubled rounding term).
+#[test]
+fn weight_only_layers_match_the_reference() {
+    let Some(dev) = gpu() else { return };
+    let cases = [
+        Case {
+            t: 1,
+            inp: 576,
+            out: 1536,
+        }, // SmolLM2 decode, MLP up
+        Case {
+            t: 3,
+            inp: 520,
+            out: 300,
+        }, // ragged: element loads, padded codes
+        Case {
+            t: 8,
+            inp: 4096,
+            out: 1024,
+        },
+        Case {
+            t: 9,
+            inp: 1536,
+            out: 576,
+        }, // the GEMM path
+        Case {
+            t: 64,
+            inp: 520,
+            out: 300,
+        },
+    ];
+    for (ci, c) in cases.iter().enumerate() {
+        let (w, x, bias) = problem(c, 300 + ci as u64);
+        for g in [Granularity::Tensor, Granularity::Channel] {
+            let wq = Fp8Weight::quantize(&w, g).unwrap();
+            let wv = wq.dequantize(&Device::Cpu).unwrap();
+            for dt in [DType::BF16, DType::F16, DType::F32] {
+                let xc = x.to_dtype(dt).unwrap();
+                let b_cpu = Tensor::new(bias.as_slice(), &Device::Cpu).unwrap();
+                let cpu = Fp8Linear::new(wq.clone(), Some(b_cpu), &Device::Cpu)
+                    .unwrap()
+                    .weight_only(true)
+                    .unwrap();
+                let y_ref = host_f32(&cpu.forward(&xc.to_dtype(DType::F32).unwrap()).unwrap());
+                let xa = xc.to_dtype(DType::F32).unwrap().abs().unwrap();
+                let s_abs = host_f32(&xa.matmul(&wv.abs().unwrap().t().unwrap()).unwrap());
+                let n = c.inp as f64;
+                let s: Vec<f32> = s_abs
+                    .iter()
+                    .map(|&v| ((n + 2.0) * 2f64.powi(-24)) as f32 * v)
+                    .collect();
+                let gl = Fp8Linear::new(
+                    wq.clone(),
+                    Some(Tensor::new(bias.as_slice(), &dev).unwrap()),
+                    &dev,
+                )
+                .unwrap()
+                .weight_only(true)
+                .unwrap();
+                let y = gl.forward(&xc.to_device(&dev).unwrap()).unwrap();
+                assert_eq!(y.dims(), &[c.t, c.out]);
+                assert_eq!(y.dtype(), dt);
+                let want = if c.t <= mxattn::fused::fp8::GEMV_MAX_TOKENS {
+                    mxattn_fp8::GemmPath::Gemv
+                } else {
+                    mxattn_fp8::GemmPath::Dequantized
+                };
+                assert_eq!(gl.last_gpu_path(), Some(want));
+                let what = format!("weight-only {g:?} [{}, {}]→{} {dt:?}", c.t, c.inp, c.out);
+                check_close(&what, &host_f32(&y), &y_ref, &s, &bias, c.out, dt);
+            }
+        }
+    }
 }
