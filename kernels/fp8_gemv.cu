@@ -71,6 +71,32 @@ static __device__ __forceinline__ void load16(const XT* __restrict__ x, int64_t 
   }
 }
 
+// acc[t] += sum over this lane's 16-code steps of the weight row `wr` times token t's row.
+// VEC: 16-byte activation loads (see load16). Unrolled so that several 16-byte loads per lane
+// are in flight: the kernel is meant to be bandwidth-bound, and one load at a time per warp
+// leaves it latency-bound.
+template <int T, typename XT, bool VEC>
+static __device__ __forceinline__ void gemv_row(const uint8_t* __restrict__ wr, const XT* __restrict__ x,
+                                                int64_t ldx, int64_t k, int lane, float* acc) {
+  constexpr bool ACT_FP8 = sizeof(XT) == 1;
+#pragma unroll 4
+  for (int64_t j = (int64_t)lane * 16; j < k; j += 32 * 16) {
+    float wf[16];
+    e4m3x16(__ldg(reinterpret_cast<const uint4*>(wr + j)), wf);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float xf[16];
+      if constexpr (ACT_FP8) {
+        e4m3x16(__ldg(reinterpret_cast<const uint4*>(x + t * ldx + j)), xf);
+      } else {
+        load16<XT>(x + t * ldx, j, k, VEC, xf);
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
+    }
+  }
+}
+
 // One warp per output channel; T tokens. XT: the activations' type (uint8_t: E4M3 codes
 // with per-token scales sx); OT: the output's.
 template <int T, typename XT, typename OT>
@@ -86,21 +112,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.0f;
   const uint8_t* wr = w + o * ldw;
-  for (int64_t j = (int64_t)lane * 16; j < k; j += 32 * 16) {
-    float wf[16];
-    e4m3x16(__ldg(reinterpret_cast<const uint4*>(wr + j)), wf);
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float xf[16];
-      if constexpr (ACT_FP8) {
-        e4m3x16(__ldg(reinterpret_cast<const uint4*>(x + t * ldx + j)), xf);
-      } else {
-        load16<XT>(x + t * ldx, j, k, vec != 0, xf);
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[t] = fmaf(xf[i], wf[i], acc[t]);
-    }
-  }
+  if (ACT_FP8 || vec)
+    gemv_row<T, XT, true>(wr, x, ldx, k, lane, acc);
+  else
+    gemv_row<T, XT, false>(wr, x, ldx, k, lane, acc);
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     float v = acc[t];
