@@ -1,11 +1,13 @@
 //! FP8 linear layers on the GPU (build with `--features cuda`): `mxattn_fp8::Fp8Linear`'s
-//! whole op (activation quantization + cuBLASLt FP8 GEMM, bias included) against candle's
+//! whole op (activation quantization + cuBLASLt FP8 GEMM, or up to 8 tokens the decode GEMV;
+//! `channel-w`: the weight-only layer; bias included) against candle's
 //! BF16 matmul (cuBLAS) of the same shape, in the same run, timed with CUDA events after
 //! warm-up. Shapes are the models' projections: Wan2.2-A14B at 720p (75 600 tokens), Wan2.2
 //! TI2V-5B at 1280 × 704, 121 frames (27 280 tokens, crates/wan/src/sizes.rs), Qwen3-8B
 //! decode (1 token) and prefill (4096 tokens).
 //!
-//!     bench_fp8_linear [--shapes "name,tokens,in,out;..."] [--granularity channel,block128] [--json out.json]
+//!     bench_fp8_linear [--shapes "name,tokens,in,out;..."] [--granularity channel,block128,channel-w]
+//!         [--no-gemv] [--fallback] [--json out.json]
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -28,8 +30,9 @@ struct Args {
     /// `name,tokens,in,out` entries, semicolon separated.
     #[arg(long, default_value = DEFAULT_SHAPES)]
     shapes: String,
-    /// Weight scale granularities to time (comma separated: tensor, channel, block128).
-    #[arg(long, default_value = "channel,block128")]
+    /// Weight scale granularities to time (comma separated: tensor, channel, block128;
+    /// channel-w: the weight-only layer, `fp8-w`).
+    #[arg(long, default_value = "channel,block128,channel-w")]
     granularity: String,
     #[arg(long, default_value_t = 10)]
     iters: usize,
@@ -38,6 +41,9 @@ struct Args {
     /// Also time the fallback GEMM (scalar-scaled GEMMs + mxattn's scale epilogue).
     #[arg(long)]
     fallback: bool,
+    /// Up to 8 tokens, also time cuBLASLt's FP8 GEMM where the decode GEMV is the default.
+    #[arg(long)]
+    no_gemv: bool,
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -72,13 +78,15 @@ fn main() -> Result<()> {
                     "tensor" => Granularity::Tensor,
                     "channel" => Granularity::Channel,
                     "block128" => Granularity::BLOCK128,
-                    o => bail!("--granularity {o:?}: tensor, channel or block128"),
+                    // weight-only (`fp8-w`): channel scales, activations unquantized
+                    "channel-w" => Granularity::Channel,
+                    o => bail!("--granularity {o:?}: tensor, channel, block128 or channel-w"),
                 },
             ))
         })
         .collect::<Result<_>>()?;
     println!(
-        "# bench_fp8_linear: CUDA device 0, CUDA events, mean of {} after {} warm-up; FP8 = activation quantize + GEMM (+ bias), BF16 = candle matmul (cuBLAS) + bias",
+        "# bench_fp8_linear: CUDA device 0, CUDA events, mean of {} after {} warm-up; FP8 = activation quantize + GEMM or GEMV (+ bias; channel-w: the weight-only layer, no quantize), BF16 = candle matmul (cuBLAS) + bias",
         a.iters, a.warmup
     );
     println!();
@@ -104,12 +112,15 @@ fn main() -> Result<()> {
         let flops = 2.0 * t as f64 * inp as f64 * out as f64;
         for (gname, g) in &grans {
             let wq = Fp8Weight::quantize(&w_cpu, *g)?;
-            for fallback in [false, true] {
-                if fallback && !a.fallback {
+            let weight_only = gname == "channel-w";
+            for (fallback, gemv) in [(false, true), (false, false), (true, true)] {
+                if (fallback && !a.fallback) || (!gemv && (!a.no_gemv || t > 8 || weight_only)) {
                     continue;
                 }
-                let mut l = Fp8Linear::new(wq.clone(), Some(bias.clone()), &dev)?;
+                let mut l = Fp8Linear::new(wq.clone(), Some(bias.clone()), &dev)?
+                    .weight_only(weight_only)?;
                 l.set_force_fallback(fallback);
+                l.set_gemv(gemv);
                 let fp8_ms = cuda_time_ms(&dev, a.warmup, a.iters, || l.forward(&x))?;
                 mxattn::attention::check_device(&dev)?;
                 let path = format!("{:?}", l.last_gpu_path());

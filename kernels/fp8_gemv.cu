@@ -158,19 +158,8 @@ static int gemv_t(int64_t t, const uint8_t* w, int64_t ldw, const float* sw, con
   return mxa_status();
 }
 
-template <typename XT>
-static int gemv_out(int out_dtype, int64_t t, const uint8_t* w, int64_t ldw, const float* sw, const void* x,
-                    int64_t ldx, const float* sx, const float* bias, void* y, int64_t out, int64_t k, int vec,
-                    gpuStream_t s) {
-  switch (out_dtype) {
-    case FUSED_F32: return gemv_t<XT, float>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, s);
-    case FUSED_BF16: return gemv_t<XT, bf16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, s);
-    case FUSED_F16: return gemv_t<XT, f16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, s);
-    default: return MXA_ERR_ARGS;
-  }
-}
-
-// x_dtype: 0 f32, 1 bf16, 2 f16 (activations as they come; sx unused), 3 E4M3 codes with
+// x_dtype: 0 f32, 1 bf16, 2 f16 (activations as they come; sx unused; the output in the same
+// dtype, as the layers return it: one instance per dtype, not per pair), 3 E4M3 codes with
 // per-token scales sx. out_dtype: 0 f32, 1 bf16, 2 f16. bias: f32 [out] or null.
 extern "C" int mxa_fp8_gemv(const uint8_t* w, int64_t ldw, const float* sw, const void* x, int x_dtype, int64_t ldx,
                             const float* sx, const float* bias, void* y, int out_dtype, int64_t t, int64_t out,
@@ -180,15 +169,21 @@ extern "C" int mxa_fp8_gemv(const uint8_t* w, int64_t ldw, const float* sw, cons
   if ((out + GEMV_WARPS - 1) / GEMV_WARPS > 0x7FFFFFFFLL) return MXA_ERR_ARGS;
   if (x_dtype == 3) {
     if (!sx || ldx != ldw || ((uintptr_t)x & 15) != 0) return MXA_ERR_ARGS;
-    return gemv_out<uint8_t>(out_dtype, t, w, ldw, sw, x, ldx, sx, bias, y, out, k, 0, stream);
+    switch (out_dtype) {
+      case FUSED_F32: return gemv_t<uint8_t, float>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, 1, stream);
+      case FUSED_BF16: return gemv_t<uint8_t, bf16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, 1, stream);
+      case FUSED_F16: return gemv_t<uint8_t, f16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, 1, stream);
+      default: return MXA_ERR_ARGS;
+    }
   }
+  if (out_dtype != x_dtype) return MXA_ERR_ARGS;
   const int esize = x_dtype == 0 ? 4 : 2;
   // 16-byte loads where every row's every 16-element step is aligned and whole
   const int vec = ((uintptr_t)x % 16 == 0) && ((ldx * esize) % 16 == 0) && (k % 16 == 0);
   switch (x_dtype) {
-    case FUSED_F32: return gemv_out<float>(out_dtype, t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
-    case FUSED_BF16: return gemv_out<bf16_t>(out_dtype, t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
-    case FUSED_F16: return gemv_out<f16_t>(out_dtype, t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
+    case FUSED_F32: return gemv_t<float, float>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
+    case FUSED_BF16: return gemv_t<bf16_t, bf16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
+    case FUSED_F16: return gemv_t<f16_t, f16_t>(t, w, ldw, sw, x, ldx, sx, bias, y, out, k, vec, stream);
     default: return MXA_ERR_ARGS;
   }
 }

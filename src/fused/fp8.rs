@@ -394,7 +394,8 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 /// The activations of [`fp8_gemv`].
 #[derive(Clone, Copy, Debug)]
 pub enum GemvInput<'a> {
-    /// As they come: `x [t, k]`, f32, bf16 or f16 (the weight-only layer).
+    /// As they come: `x [t, k]`, f32, bf16 or f16 (the weight-only layer); the output in
+    /// the same dtype.
     Values(&'a Tensor),
     /// E4M3 codes and per-token scales from [`fp8_quantize_rows`] (one group per row), its
     /// codes padded like the weight's.
@@ -456,8 +457,12 @@ pub fn fp8_gemv(
     let keep; // a contiguous copy of the input lives until the kernel is queued
     let (xa, x_dtype, ldx, sx) = match x {
         GemvInput::Values(x) => {
-            if x.elem_count() != t * k {
-                bail!("{OP}: internal error: input {:?} for {t} × {k}", x.dims());
+            if x.elem_count() != t * k || x.dtype() != out_dtype {
+                bail!(
+                    "{OP}: internal error: input {:?} {:?} for {t} × {k} into {out_dtype:?}",
+                    x.dims(),
+                    x.dtype()
+                );
             }
             keep = x.contiguous()?;
             (addr(&keep, OP)?, dtype_code(keep.dtype(), OP)?, k, 0u64)

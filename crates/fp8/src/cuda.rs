@@ -387,6 +387,7 @@ impl GpuWeight {
         group: Option<usize>,
         checks: DeviceChecks,
         force_fallback: bool,
+        gemv: bool,
     ) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let dt = x.dtype();
@@ -401,7 +402,7 @@ impl GpuWeight {
         }
         let t_p = round_up(t, 4);
         let q = fp8_quantize_rows(x, group, t_p, self.k_p, checks)?;
-        if !force_fallback && t <= GEMV_MAX_TOKENS && self.per_channel() {
+        if gemv && !force_fallback && t <= GEMV_MAX_TOKENS && self.per_channel() {
             let y = fp8_gemv(
                 &self.codes,
                 &self.sw,

@@ -418,6 +418,9 @@ pub struct Fp8Linear {
     gpu: Option<std::sync::Arc<cuda::GpuWeight>>,
     #[cfg(feature = "cuda")]
     force_fallback: bool,
+    /// CUDA: the decode GEMV where it applies (default on; off for comparisons).
+    #[cfg(feature = "cuda")]
+    gemv: bool,
 }
 
 impl Fp8Linear {
@@ -454,6 +457,8 @@ impl Fp8Linear {
             gpu,
             #[cfg(feature = "cuda")]
             force_fallback: false,
+            #[cfg(feature = "cuda")]
+            gemv: true,
         })
     }
 
@@ -485,6 +490,7 @@ impl Fp8Linear {
                 weight_only: false,
                 gpu: Some(std::sync::Arc::new(gpu)),
                 force_fallback: false,
+                gemv: true,
             });
         }
         Self::new(Fp8Weight::quantize(w, granularity)?, bias, w.device())
@@ -608,7 +614,13 @@ impl Fp8Linear {
                 } else {
                     mxattn::attention::DeviceChecks::Deferred
                 };
-                return g.forward(x, self.activation_group(), checks, self.force_fallback);
+                return g.forward(
+                    x,
+                    self.activation_group(),
+                    checks,
+                    self.force_fallback,
+                    self.gemv,
+                );
             }
             bail!(
                 "FP8 linear [{}, {}]: input on CUDA, but the layer was not built for a CUDA device{}",
@@ -644,6 +656,13 @@ impl Fp8Linear {
     /// epilogue) even where cuBLASLt takes the scales itself: for tests and benchmarks.
     pub fn set_force_fallback(&mut self, on: bool) {
         self.force_fallback = on;
+    }
+
+    /// CUDA: whether an all-FP8 layer with tensor or channel scales takes the decode GEMV
+    /// (`kernels/fp8_gemv.cu`) up to 8 tokens (the default) or cuBLASLt's GEMM there: for
+    /// tests and benchmarks. Weight-only layers always take it.
+    pub fn set_gemv(&mut self, on: bool) {
+        self.gemv = on;
     }
 
     /// The GEMM the last CUDA forward of this layer (or a clone of it) ran; None before one.

@@ -234,6 +234,7 @@ fn problem(c: &Case, seed: u64) -> (Tensor, Tensor, Vec<f32>) {
 }
 
 /// GPU forward vs the CPU reference for one weight, input dtype and path.
+#[allow(clippy::too_many_arguments)]
 fn check_layer(
     dev: &Device,
     name: &str,
@@ -242,6 +243,7 @@ fn check_layer(
     bias: &[f32],
     dt: DType,
     force_fallback: bool,
+    gemv: bool,
 ) {
     let (out, inp) = w.shape();
     let b_cpu = Tensor::new(bias, &Device::Cpu).unwrap();
@@ -262,12 +264,15 @@ fn check_layer(
         .collect();
     let mut gl = Fp8Linear::new(w.clone(), Some(Tensor::new(bias, dev).unwrap()), dev).unwrap();
     gl.set_force_fallback(force_fallback);
+    gl.set_gemv(gemv);
     let y = gl.forward(&xc.to_device(dev).unwrap()).unwrap();
     assert_eq!(y.dims(), &[x.dims()[0], out]);
     assert_eq!(y.dtype(), dt);
     let path = gl.last_gpu_path();
     if force_fallback {
         assert_eq!(path, Some(mxattn_fp8::GemmPath::Fallback));
+    } else if !gemv {
+        assert_ne!(path, Some(mxattn_fp8::GemmPath::Gemv), "{name}");
     } else if x.dims()[0] <= mxattn::fused::fp8::GEMV_MAX_TOKENS
         && matches!(w.granularity(), Granularity::Tensor | Granularity::Channel)
     {
@@ -317,8 +322,9 @@ fn gemm_matches_the_reference_at_small_and_ragged_shapes() {
         for (name, g) in granularities() {
             let wq = Fp8Weight::quantize(&w, g).unwrap();
             for dt in [DType::BF16, DType::F16, DType::F32] {
-                for fb in [false, true] {
-                    check_layer(&dev, name, &wq, &x, &bias, dt, fb);
+                // the default path, cuBLASLt's instead of the decode GEMV, the fallback
+                for (fb, gemv) in [(false, true), (false, false), (true, true)] {
+                    check_layer(&dev, name, &wq, &x, &bias, dt, fb, gemv);
                 }
             }
         }
@@ -349,9 +355,9 @@ fn gemm_matches_the_reference_at_model_shapes() {
         let (w, x, bias) = problem(c, 200 + ci as u64);
         for (name, g) in granularities() {
             let wq = Fp8Weight::quantize(&w, g).unwrap();
-            check_layer(&dev, name, &wq, &x, &bias, DType::BF16, false);
+            check_layer(&dev, name, &wq, &x, &bias, DType::BF16, false, true);
             if ci == 1 {
-                check_layer(&dev, name, &wq, &x, &bias, DType::BF16, true);
+                check_layer(&dev, name, &wq, &x, &bias, DType::BF16, true, true);
             }
         }
     }
@@ -366,7 +372,7 @@ fn fixture_checkpoints_run_on_the_gpu() {
         let (out, inp) = w.shape();
         let c = Case { t: 5, inp, out };
         let (_, x, bias) = problem(&c, 7);
-        check_layer(&dev, file, &w, &x, &bias, DType::BF16, false);
+        check_layer(&dev, file, &w, &x, &bias, DType::BF16, false, true);
     }
 }
 
