@@ -145,6 +145,13 @@ static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c,
   return __byte_perm(ab, cd, 0x5410);
 }
 
+// mx_encode(a, FMT_E2M1) for a ≥ 0 (not NaN), branch-free: the count of round-to-nearest-even
+// midpoints of {0, .5, 1, 1.5, 2, 3, 4, 6} at or below a (a tie goes to the even code:
+// strict where the lower neighbour's code is even), saturating at 6.
+static __device__ __forceinline__ unsigned e2m1_code_nonneg(float a) {
+  return (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+}
+
 static __device__ __forceinline__ unsigned e5m2_byte(float v) {
   return (unsigned)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
 }
@@ -154,9 +161,11 @@ static __device__ __forceinline__ unsigned e5m2_byte(float v) {
 // 2^(k+13) is an E5M2 normal (k ≥ −27, the block's largest P above ≈2^−25); below that
 // cvt rounds the value, as MODE 3's E4M3 bytes are rounded.
 static __device__ __forceinline__ unsigned e2m1_e5m2_byte(unsigned c, int k, float up) {
-  if (k < -27) return e5m2_byte(efq_c8(c) * up);
+  // both computed, one selected: no per-element branch
   const unsigned base = 4u * (unsigned)(k + 28);
-  return c == 0 ? 0u : (c == 1 ? base : 2u * c + base);
+  const unsigned fast = c == 0 ? 0u : (c == 1 ? base : 2u * c + base);
+  const unsigned slow = e5m2_byte(efq_c8(c) * up);
+  return k < -27 ? slow : fast;
 }
 
 // ---------------------------------------------------------------- the attention kernel
@@ -245,8 +254,9 @@ static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a
 
 // MODE: 0 exact softmax (bf16), 1 Fused-Softmax u8 code, 2 Fused-Softmax fp32 bits,
 // 3 exp then E4M3 P, 4 EFQ, 5 exp then MX P in E5M2 bytes, 6 exp then MX P in E4M3 bytes
-// (PBytes above).
-template <bool FP8, int MODE>
+// (PBytes above). SUB: for MODE 4 the EFQ rule (efq_variant), for MODES 5 and 6 P's element
+// format, as compile-time constants (sub_of: one per-element path per instance).
+template <bool FP8, int MODE, int SUB>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_wgmma_kernel(AttnParams P, const uint8_t* __restrict__ q, const float* __restrict__ qmul,
                            const uint8_t* __restrict__ k, const float* __restrict__ kmul,
@@ -459,7 +469,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 2; e++)
               s[4 * (4 * b + i) + 2 * r + e] =
-                  __uint_as_float(mn == NEG_INF ? 0u : e2m1_e5m2_byte(efq_code(P, blk, x[2 * i + e]), blk.k, up));
+                  __uint_as_float(mn == NEG_INF ? 0u : e2m1_e5m2_byte(efq_code_v<SUB>(P, blk, x[2 * i + e]), blk.k, up));
         }
       } else {
         // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
@@ -487,18 +497,18 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) amax = fmaxf(amax, fmaxf(s[4 * (4 * b + i) + 2 * r], s[4 * (4 * b + i) + 2 * r + 1]));
             amax = quad_max(amax);
-            const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
+            const int ex = mx_shared_exp(amax, SUB, P.p_scale);
             const float down = pow2f(-ex), up = e8m0_decode((unsigned)(ex + 127)) * PBytes<MODE>::SCALE;
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
               for (int e = 0; e < 2; e++) {
                 float& v = s[4 * (4 * b + i) + 2 * r + e];
-                const unsigned c = mx_encode(v * down, P.p_elem);
-                if (MODE == 6) v = mx_decode(c, P.p_elem) * up;
+                const unsigned c = SUB == FMT_E2M1 ? e2m1_code_nonneg(v * down) : mx_encode(v * down, SUB);
+                if constexpr (MODE == 6) v = mx_decode(c, SUB) * up;
                 // MODE 5: the E5M2 byte, in the low byte as MODE 1's codes
-                else if (P.p_elem == FMT_E2M1) v = __uint_as_float(e2m1_e5m2_byte(c, ex, up));
-                else v = __uint_as_float(e5m2_byte(mx_decode(c, P.p_elem) * up));
+                else if constexpr (SUB == FMT_E2M1) v = __uint_as_float(e2m1_e5m2_byte(c, ex, up));
+                else v = __uint_as_float(e5m2_byte(mx_decode(c, SUB) * up));
               }
           }
         }
@@ -662,11 +672,11 @@ static bool fp8_operand(const OperandFmt& f) {
   return f.kind == OPK_MX || (f.kind == OPK_PER_CHANNEL && f.elem == FMT_E4M3);
 }
 
-template <bool FP8, int MODE>
+template <bool FP8, int MODE, int SUB = 0>
 static int launch(const AttnParams* P, const void* q, const float* qmul, const void* k, const float* kmul,
                   const void* vt, const float* vscale, int sq_pad, int sk_pad, void* out,
                   unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
-  auto kern = attention_wgmma_kernel<FP8, MODE>;
+  auto kern = attention_wgmma_kernel<FP8, MODE, SUB>;
   const int smem = Tile<FP8>::SMEM;
   if (gpuFuncSetMaxDynamicSmem(kern, smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
   const int64_t grid = (int64_t)(sq_pad / ROWS) * P->hq * P->b;
@@ -725,10 +735,24 @@ extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const flo
     case 1: return wg::launch<true, 1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 2: return wg::launch<true, 2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 3: return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 4: return wg::launch<true, 4>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 5: return wg::launch<true, 5>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 4:
+      switch (efq_variant(*P)) {
+        case EFQV_TABLE: return wg::launch<true, 4, EFQV_TABLE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_LUT: return wg::launch<true, 4, EFQ_LUT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_TWO_PIECE: return wg::launch<true, 4, EFQ_TWO_PIECE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_EXACT: return wg::launch<true, 4, EFQ_EXACT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        default: return wg::launch<true, 4, EFQ_AFFINE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      }
+    case 5:
+      switch (P->p_elem) {
+        case FMT_E2M1: return wg::launch<true, 5, FMT_E2M1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case FMT_E3M2: return wg::launch<true, 5, FMT_E3M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        default: return wg::launch<true, 5, FMT_E5M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      }
     default:
-      return wg::launch<true, 6>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      if (P->p_elem == FMT_E2M3)
+        return wg::launch<true, 6, FMT_E2M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      return wg::launch<true, 6, FMT_E4M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
   }
 }
 #endif  // !__HIPCC__
