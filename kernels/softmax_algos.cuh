@@ -134,7 +134,8 @@ static __device__ float tile_fused(const AttnParams& P, RowState& st, const floa
 // 16 bins → codes as nibbles: no table in constant memory, where a warp's different
 // indices would serialize.
 static __device__ __forceinline__ float efq_c8(unsigned c) {
-  return c < 2 ? 0.5f * (float)c : __uint_as_float((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+  // twice the values, one nibble each: 0 1 2 3 4 6 8 12
+  return 0.5f * (float)((0xC8643210u >> (4 * c)) & 15u);
 }
 static __device__ __forceinline__ unsigned efq_c16(int j) {
   return (unsigned)(0x7765543322111110ULL >> (4 * j)) & 15u;
@@ -165,9 +166,11 @@ static __host__ __device__ __forceinline__ bool efq_table(const AttnParams& P) {
   return P.efq_kind == EFQ_EXACT && P.efq_scale != EFQS_EFQ;
 }
 
-static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float mb) {
+// TABLE: 1 for the exact rule's table form, 0 for the others, −1 read from P.
+template <int TABLE>
+static __device__ __forceinline__ EfqBlock efq_block_t(const AttnParams& P, float mb) {
   EfqBlock b;
-  if (efq_table(P)) {
+  if (TABLE == 1 || (TABLE < 0 && efq_table(P))) {
     int k;
     if (P.efq_scale == EFQS_FLOOR) {
       // thr_pow2[i]: where e^x reaches 2^(i−149), so n − 150 = ⌊log2 e^mb⌋
@@ -202,6 +205,10 @@ static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float 
 #pragma unroll
   for (int i = 0; i < 7; i++) b.t[i] = 0.0f;
   return b;
+}
+
+static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float mb) {
+  return efq_block_t<-1>(P, mb);
 }
 
 // The EFQ rule as a compile-time choice (the wgmma kernel is instantiated per rule, so each
