@@ -145,18 +145,24 @@ static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c,
   return __byte_perm(ab, cd, 0x5410);
 }
 
-static __device__ __forceinline__ unsigned e5m2_byte(float v) {
-  return (unsigned)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+// mx_decode(mx_encode(a, FMT_E2M1)) for a ≥ 0 (not NaN), branch-free: from 1 up, round the
+// f32 to one mantissa bit, nearest-even, on its bits; below 1, the subnormal grid of 0.5;
+// saturate at 6. (Checked against mx_encode/mx_decode on every 7th f32 bit pattern.)
+static __device__ __forceinline__ float e2m1_round_nonneg(float a) {
+  const unsigned b = __float_as_uint(a);
+  const float hi = __uint_as_float((b + 0x1FFFFFu + ((b >> 22) & 1u)) & 0xFFC00000u);
+  const float lo = rintf(a * 2.0f) * 0.5f;
+  return fminf(a < 1.0f ? lo : hi, 6.0f);
 }
-// The E5M2 byte of C8[c]·2^(k+14) (`up` = 2^(k+14)) for an E2M1 code c ≥ 0 of a block with
-// scale exponent k ≤ −2 (P ≤ 1.5): c = [e1 e0 m] is C8 = 1.m·2^(e−1) for c ≥ 2, so its byte
-// is (e + k + 28) << 2 | m << 1 = 2c + 4(k + 28); 0.5 (c = 1) is 4(k + 28). Exact while
-// 2^(k+13) is an E5M2 normal (k ≥ −27, the block's largest P above ≈2^−25); below that
-// cvt rounds the value, as MODE 3's E4M3 bytes are rounded.
-static __device__ __forceinline__ unsigned e2m1_e5m2_byte(unsigned c, int k, float up) {
-  if (k < -27) return e5m2_byte(efq_c8(c) * up);
-  const unsigned base = 4u * (unsigned)(k + 28);
-  return c == 0 ? 0u : (c == 1 ? base : 2u * c + base);
+
+// mx_decode(mx_encode(a, FMT), FMT) for FMT E4M3 or E5M2 and a ≥ 0 (not NaN): the
+// hardware's round-to-nearest-even saturating conversion and back (every E4M3/E5M2 value is
+// a half), without mx_encode's per-element branches.
+template <int FMT>
+static __device__ __forceinline__ float fp8_round(float a) {
+  constexpr __nv_fp8_interpretation_t I = FMT == FMT_E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, I), I);
+  return __half2float(__half(h));
 }
 
 // ---------------------------------------------------------------- the attention kernel
@@ -245,8 +251,9 @@ static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a
 
 // MODE: 0 exact softmax (bf16), 1 Fused-Softmax u8 code, 2 Fused-Softmax fp32 bits,
 // 3 exp then E4M3 P, 4 EFQ, 5 exp then MX P in E5M2 bytes, 6 exp then MX P in E4M3 bytes
-// (PBytes above).
-template <bool FP8, int MODE>
+// (PBytes above). SUB: for MODE 4 the EFQ rule (efq_variant), for MODES 5 and 6 P's element
+// format, as compile-time constants (sub_of: one per-element path per instance).
+template <bool FP8, int MODE, int SUB>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_wgmma_kernel(AttnParams P, const uint8_t* __restrict__ q, const float* __restrict__ qmul,
                            const uint8_t* __restrict__ k, const float* __restrict__ kmul,
@@ -451,15 +458,15 @@ __global__ void __launch_bounds__(THREADS, 1)
               mb = fmaxf(mb, v);
             }
           mb = quad_max(mb);
-          const EfqBlock blk = efq_block(P, mb);
-          // P·2^14 as its E5M2 byte (PBytes<4>), kept in s's low byte as MODE 1's codes
+          const EfqBlock blk = efq_block_t<SUB == EFQV_TABLE ? 1 : 0>(P, mb);
+          // P·2^14 (PBytes<4>), to E5M2 in pairs at packing. A row with no visible key has
+          // x = −inf, code 0 in every rule: no per-element guard.
           const float up = pow2f(blk.k + 14);
 #pragma unroll
           for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 2; e++)
-              s[4 * (4 * b + i) + 2 * r + e] =
-                  __uint_as_float(mn == NEG_INF ? 0u : e2m1_e5m2_byte(efq_code(P, blk, x[2 * i + e]), blk.k, up));
+              s[4 * (4 * b + i) + 2 * r + e] = efq_c8(efq_code_v<SUB>(P, blk, x[2 * i + e])) * up;
         }
       } else {
         // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
@@ -487,18 +494,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) amax = fmaxf(amax, fmaxf(s[4 * (4 * b + i) + 2 * r], s[4 * (4 * b + i) + 2 * r + 1]));
             amax = quad_max(amax);
-            const int ex = mx_shared_exp(amax, P.p_elem, P.p_scale);
+            const int ex = mx_shared_exp(amax, SUB, P.p_scale);
             const float down = pow2f(-ex), up = e8m0_decode((unsigned)(ex + 127)) * PBytes<MODE>::SCALE;
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
               for (int e = 0; e < 2; e++) {
                 float& v = s[4 * (4 * b + i) + 2 * r + e];
-                const unsigned c = mx_encode(v * down, P.p_elem);
-                if (MODE == 6) v = mx_decode(c, P.p_elem) * up;
-                // MODE 5: the E5M2 byte, in the low byte as MODE 1's codes
-                else if (P.p_elem == FMT_E2M1) v = __uint_as_float(e2m1_e5m2_byte(c, ex, up));
-                else v = __uint_as_float(e5m2_byte(mx_decode(c, P.p_elem) * up));
+                // the value times PBytes' factor; E4M3 (6) or E5M2 (5) bytes in pairs at packing
+                if constexpr (SUB == FMT_E2M1) v = e2m1_round_nonneg(v * down) * up;
+                else if constexpr (SUB == FMT_E4M3 || SUB == FMT_E5M2) v = fp8_round<SUB>(v * down) * up;
+                else v = mx_decode(mx_encode(v * down, SUB), SUB) * up;
               }
           }
         }
@@ -509,7 +515,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int kk = 0; kk < T::PSTEPS; kk++) {
       if constexpr (FP8) {
         const int c0 = 16 * kk;  // s index of key chunk 4kk
-        if (MODE == 1 || MODE == 4 || MODE == 5) {
+        if (MODE == 1) {
           a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
           a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
           a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
@@ -662,11 +668,11 @@ static bool fp8_operand(const OperandFmt& f) {
   return f.kind == OPK_MX || (f.kind == OPK_PER_CHANNEL && f.elem == FMT_E4M3);
 }
 
-template <bool FP8, int MODE>
+template <bool FP8, int MODE, int SUB = 0>
 static int launch(const AttnParams* P, const void* q, const float* qmul, const void* k, const float* kmul,
                   const void* vt, const float* vscale, int sq_pad, int sk_pad, void* out,
                   unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
-  auto kern = attention_wgmma_kernel<FP8, MODE>;
+  auto kern = attention_wgmma_kernel<FP8, MODE, SUB>;
   const int smem = Tile<FP8>::SMEM;
   if (gpuFuncSetMaxDynamicSmem(kern, smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
   const int64_t grid = (int64_t)(sq_pad / ROWS) * P->hq * P->b;
@@ -725,10 +731,24 @@ extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const flo
     case 1: return wg::launch<true, 1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 2: return wg::launch<true, 2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
     case 3: return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 4: return wg::launch<true, 4>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 5: return wg::launch<true, 5>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+    case 4:
+      switch (efq_variant(*P)) {
+        case EFQV_TABLE: return wg::launch<true, 4, EFQV_TABLE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_LUT: return wg::launch<true, 4, EFQ_LUT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_TWO_PIECE: return wg::launch<true, 4, EFQ_TWO_PIECE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case EFQ_EXACT: return wg::launch<true, 4, EFQ_EXACT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        default: return wg::launch<true, 4, EFQ_AFFINE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      }
+    case 5:
+      switch (P->p_elem) {
+        case FMT_E2M1: return wg::launch<true, 5, FMT_E2M1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        case FMT_E3M2: return wg::launch<true, 5, FMT_E3M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+        default: return wg::launch<true, 5, FMT_E5M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      }
     default:
-      return wg::launch<true, 6>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      if (P->p_elem == FMT_E2M3)
+        return wg::launch<true, 6, FMT_E2M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
+      return wg::launch<true, 6, FMT_E4M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
   }
 }
 #endif  // !__HIPCC__

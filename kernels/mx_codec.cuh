@@ -121,12 +121,12 @@ static __device__ __forceinline__ int mx_shared_exp(float amax, int fmt, int mod
       e = fl + (mantissa_fraction_bits(amax) >= thr ? 1 : 0) - f.emax;
       break;
     }
-    case SCALE_RCEIL: {
-      const double a = (double)amax, mx = (double)f.max_normal;
-      e = fl - f.emax - 1;
-      while (mx * ldexp(1.0, e) < a) e++;
+    case SCALE_RCEIL:
+      // the least e with max_normal·2^e ≥ amax: fl − emax, or one more where amax's
+      // significand exceeds max_normal's (no double loop: this runs once per block in the
+      // wgmma kernel's tile loop)
+      e = fl - f.emax + (mantissa_fraction_bits(amax) > (__float_as_uint(f.max_normal) & 0x7FFFFFu) ? 1 : 0);
       break;
-    }
     default: e = fl + (mantissa_fraction_bits(amax) >= (3u << 21) ? 1 : 0) - f.emax; break;
   }
   return e < -127 ? -127 : (e > 127 ? 127 : e);

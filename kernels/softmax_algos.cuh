@@ -134,7 +134,8 @@ static __device__ float tile_fused(const AttnParams& P, RowState& st, const floa
 // 16 bins → codes as nibbles: no table in constant memory, where a warp's different
 // indices would serialize.
 static __device__ __forceinline__ float efq_c8(unsigned c) {
-  return c < 2 ? 0.5f * (float)c : __uint_as_float((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+  // twice the values, one nibble each: 0 1 2 3 4 6 8 12
+  return 0.5f * (float)((0xC8643210u >> (4 * c)) & 15u);
 }
 static __device__ __forceinline__ unsigned efq_c16(int j) {
   return (unsigned)(0x7765543322111110ULL >> (4 * j)) & 15u;
@@ -161,13 +162,15 @@ struct EfqBlock {
   float t[7];   // the exact-threshold rule's boundaries at this k (Floor / RCEIL scales)
 };
 
-static __device__ __forceinline__ bool efq_table(const AttnParams& P) {
+static __host__ __device__ __forceinline__ bool efq_table(const AttnParams& P) {
   return P.efq_kind == EFQ_EXACT && P.efq_scale != EFQS_EFQ;
 }
 
-static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float mb) {
+// TABLE: 1 for the exact rule's table form, 0 for the others, −1 read from P.
+template <int TABLE>
+static __device__ __forceinline__ EfqBlock efq_block_t(const AttnParams& P, float mb) {
   EfqBlock b;
-  if (efq_table(P)) {
+  if (TABLE == 1 || (TABLE < 0 && efq_table(P))) {
     int k;
     if (P.efq_scale == EFQS_FLOOR) {
       // thr_pow2[i]: where e^x reaches 2^(i−149), so n − 150 = ⌊log2 e^mb⌋
@@ -204,21 +207,35 @@ static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float 
   return b;
 }
 
-// The E2M1 code of one shifted score x (natural log, ≤ 0) of a block.
-static __device__ __forceinline__ unsigned efq_code(const AttnParams& P, const EfqBlock& b, float x) {
+static __device__ __forceinline__ EfqBlock efq_block(const AttnParams& P, float mb) {
+  return efq_block_t<-1>(P, mb);
+}
+
+// The EFQ rule as a compile-time choice (the wgmma kernel is instantiated per rule, so each
+// holds one per-element path: several behind runtime branches made its main loop ~5x larger
+// than the instruction cache): the four EfqKinds, and the exact rule's table form.
+constexpr int EFQV_TABLE = 4;
+static __host__ __device__ __forceinline__ int efq_variant(const AttnParams& P) {
+  return efq_table(P) ? EFQV_TABLE : P.efq_kind;
+}
+
+// The E2M1 code of one shifted score x (natural log, ≤ 0) of a block, rule V.
+template <int V>
+static __device__ __forceinline__ unsigned efq_code_v(const AttnParams& P, const EfqBlock& b, float x) {
   unsigned c = 0;
-  if (efq_table(P)) {
+  if constexpr (V == EFQV_TABLE) {
 #pragma unroll
     for (int i = 0; i < 7; i++) c += (x >= b.t[i]) ? 1u : 0u;
-  } else if (P.efq_kind == EFQ_LUT) {
+  } else if constexpr (V == EFQ_LUT) {
     const float z = x - b.shift;
     const float j = fminf(fmaxf(floorf((z - P.lut_tau) * P.lut_h) + 1.0f, 0.0f), 15.0f);
     c = efq_c16((int)j);
-  } else if (P.efq_kind == EFQ_TWO_PIECE) {
+  } else if constexpr (V == EFQ_TWO_PIECE) {
     const float w = __fmul_rn(x, P.log2e) - b.kf;
-    if (w >= P.log2_075) c = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
-    else c = (w > -2.0f) ? 1u : 0u;
-  } else if (P.efq_kind == EFQ_EXACT) {
+    const unsigned hi = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
+    const unsigned lo = (w > -2.0f) ? 1u : 0u;
+    c = w >= P.log2_075 ? hi : lo;
+  } else if constexpr (V == EFQ_EXACT) {
     const float w = __fmul_rn(x, P.log2e) - b.kf;
     // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5: strict at even positions
 #pragma unroll
@@ -228,6 +245,17 @@ static __device__ __forceinline__ unsigned efq_code(const AttnParams& P, const E
     c = (unsigned)fminf(fmaxf(floorf((z - P.efq_tau) * P.efq_h) + 1.0f, 0.0f), 7.0f);
   }
   return c;
+}
+
+// The same with the rule read from P (the CUDA-core kernels).
+static __device__ __forceinline__ unsigned efq_code(const AttnParams& P, const EfqBlock& b, float x) {
+  switch (efq_variant(P)) {
+    case EFQV_TABLE: return efq_code_v<EFQV_TABLE>(P, b, x);
+    case EFQ_LUT: return efq_code_v<EFQ_LUT>(P, b, x);
+    case EFQ_TWO_PIECE: return efq_code_v<EFQ_TWO_PIECE>(P, b, x);
+    case EFQ_EXACT: return efq_code_v<EFQ_EXACT>(P, b, x);
+    default: return efq_code_v<EFQ_AFFINE>(P, b, x);
+  }
 }
 
 // P of one element of a block: C8[c]·2^k.
