@@ -59,6 +59,9 @@ struct Args {
     /// synchronizations and print the table (seconds per forward, share).
     #[arg(long)]
     profile_stages: bool,
+    /// Linear schedule of the projections (bf16, fp8, fp8-w, …; wan22's `--linear`).
+    #[arg(long, default_value = "bf16")]
+    linear: String,
 }
 
 fn sync(d: &Device) -> Result<()> {
@@ -126,14 +129,19 @@ fn main() -> Result<()> {
     let dtype = a.dev.dtype(&dev)?;
     let t0 = Instant::now();
     let mut m = WanTransformer::random(&cfg, dtype, &dev, 0)?;
+    let plan = mxattn_wan::schedule::LinearSpec::parse(&a.linear)
+        .map_err(|e| anyhow::anyhow!("--linear: {e}"))?
+        .resolve(cfg.num_layers)?;
+    m.set_linears(|layer, kind| plan.format(0, layer, kind))?;
     sync(&dev)?;
     let n = m.num_tokens(f, h, w);
     println!(
-        "{model}: {} of {full_layers} layers, dim {}, random weights in {:.1}s; latent {f}x{h}x{w} = {n} tokens, text {}",
+        "{model}: {} of {full_layers} layers, dim {}, random weights in {:.1}s; latent {f}x{h}x{w} = {n} tokens, text {}; linear layers {}",
         cfg.num_layers,
         cfg.dim(),
         t0.elapsed().as_secs_f64(),
-        a.text_len
+        a.text_len,
+        m.linear_summary()
     );
     let latents = Tensor::randn(0f32, 1.0, (1, cfg.in_channels, f, h, w), &dev)?;
     let text = Tensor::randn(0f32, 1.0, (1, a.text_len, cfg.text_dim), &dev)?;
