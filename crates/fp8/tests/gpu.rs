@@ -90,8 +90,9 @@ fn activation_rows(rows: usize, k: usize, seed: u64) -> Vec<f32> {
     if rows > 1 {
         x[k..2 * k].fill(0.0); // a zero row
     }
-    if rows > 2 {
-        x[2 * k + 3] = 3.0e4; // an outlier: the rest of its row flushes toward zero
+    if rows > 2 && k > 0 {
+        // an outlier: the rest of its row flushes toward zero (a 1-wide row is the outlier)
+        x[2 * k + 3.min(k - 1)] = 3.0e4;
     }
     if rows > 3 {
         // ties: amax 448 gives scale 1, so these land halfway between E4M3 neighbours
