@@ -402,9 +402,17 @@ pub enum GemvInput<'a> {
     Fp8(&'a Fp8Rows),
 }
 
-fn alloc_out(dev: &CudaDevice, dt: DType, rows: usize, cols: usize, what: &str) -> Result<Tensor> {
+/// An uninitialized `[rows, cols]` tensor of `dt` (f32, bf16 or f16) on `dev`, for a kernel
+/// or GEMM that writes every element; `what` names the caller in errors.
+pub fn alloc_uninit(
+    dev: &CudaDevice,
+    dt: DType,
+    rows: usize,
+    cols: usize,
+    what: &str,
+) -> Result<Tensor> {
     let n = (rows * cols).max(1);
-    // SAFETY: every caller's kernel writes all rows × cols elements before any read.
+    // SAFETY: every caller has a kernel write all rows × cols elements before any read.
     Ok(unsafe {
         match dt {
             DType::F32 => wrap(dev.alloc::<f32>(n)?, dev, (rows, cols)),
@@ -450,7 +458,7 @@ pub fn fp8_gemv(
             bail!("{OP}: internal error: the bias must be f32 [{out}]");
         }
     }
-    let y = alloc_out(&dev, out_dtype, t, out, OP)?;
+    let y = alloc_uninit(&dev, out_dtype, t, out, OP)?;
     if t == 0 || out == 0 {
         return Ok(y);
     }
@@ -513,7 +521,7 @@ pub fn fp8_dequant(w: &Tensor, rows: usize, k: usize, dtype: DType) -> Result<Te
     if w.dtype() != DType::U8 || w.dims().len() != 2 || w.dim(0)? < rows || ldw < k {
         bail!("{OP}: internal error: inconsistent operands");
     }
-    let dst = alloc_out(&dev, dtype, rows, k, OP)?;
+    let dst = alloc_uninit(&dev, dtype, rows, k, OP)?;
     // SAFETY: w holds ≥ rows·ldw bytes, dst rows·k elements of `dtype`, both on this device.
     let rc = unsafe {
         ffi::mxa_fp8_dequant(

@@ -64,8 +64,8 @@ use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::{bail, DType, Result, Tensor};
 use mxattn::attention::DeviceChecks;
 use mxattn::fused::fp8::{
-    fp8_dequant, fp8_gemv, fp8_quantize_rows, fp8_quantize_weight_groups, fp8_quantize_weight_rows,
-    wrap, Fp8Epilogue, Fp8Rows, GemvInput, GEMV_MAX_TOKENS,
+    alloc_uninit, fp8_dequant, fp8_gemv, fp8_quantize_rows, fp8_quantize_weight_groups,
+    fp8_quantize_weight_rows, wrap, Fp8Epilogue, Fp8Rows, GemvInput, GEMV_MAX_TOKENS,
 };
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -106,19 +106,8 @@ fn addr(t: &Tensor) -> Result<u64> {
     mxattn::fused::fp8::addr(t, "FP8 linear")
 }
 
-/// An uninitialized `[rows, cols]` tensor of `dt` (the GEMM or the epilogue writes it all).
-fn alloc(dev: &CudaDevice, dt: DType, rows: usize, cols: usize) -> Result<Tensor> {
-    let n = (rows * cols).max(1);
-    // SAFETY: every caller has a kernel write all rows × cols elements before any read.
-    Ok(unsafe {
-        match dt {
-            DType::F32 => wrap(dev.alloc::<f32>(n)?, dev, (rows, cols)),
-            DType::BF16 => wrap(dev.alloc::<half::bf16>(n)?, dev, (rows, cols)),
-            DType::F16 => wrap(dev.alloc::<half::f16>(n)?, dev, (rows, cols)),
-            dt => bail!("FP8 linear: dtype {dt:?} unsupported on CUDA (f32, bf16, f16)"),
-        }
-    })
-}
+/// The name in errors of the layer's allocations.
+const OP: &str = "FP8 linear";
 
 fn lt_type(dt: DType) -> sys::cudaDataType {
     match dt {
@@ -403,18 +392,7 @@ impl GpuWeight {
         let t_p = round_up(t, 4);
         let q = fp8_quantize_rows(x, group, t_p, self.k_p, checks)?;
         if gemv && !force_fallback && t <= GEMV_MAX_TOKENS && self.per_channel() {
-            let y = fp8_gemv(
-                &self.codes,
-                &self.sw,
-                self.out,
-                self.k,
-                GemvInput::Fp8(&q),
-                t,
-                self.bias_f32.as_ref(),
-                dt,
-            )?;
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Gemv);
-            return y.reshape(out_dims);
+            return self.gemv(GemvInput::Fp8(&q), t, dt)?.reshape(out_dims);
         }
         let block128 = self.granularity == Granularity::BLOCK128;
         let scaled_ok = !force_fallback
@@ -446,6 +424,22 @@ impl GpuWeight {
         y.reshape(out_dims)
     }
 
+    /// The decode GEMV (`[t, out]` in `dt`, the bias added), recorded as the path taken.
+    fn gemv(&self, x: GemvInput, t: usize, dt: DType) -> Result<Tensor> {
+        let y = fp8_gemv(
+            &self.codes,
+            &self.sw,
+            self.out,
+            self.k,
+            x,
+            t,
+            self.bias_f32.as_ref(),
+            dt,
+        )?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Gemv);
+        Ok(y)
+    }
+
     /// Tensor or channel scales: `sw` is one scale per output channel (what the GEMV takes).
     fn per_channel(&self) -> bool {
         matches!(self.granularity, Granularity::Tensor | Granularity::Channel)
@@ -472,18 +466,7 @@ impl GpuWeight {
         }
         let x2 = x.reshape((t, self.k))?;
         if t <= GEMV_MAX_TOKENS {
-            let y = fp8_gemv(
-                &self.codes,
-                &self.sw,
-                self.out,
-                self.k,
-                GemvInput::Values(&x2),
-                t,
-                self.bias_f32.as_ref(),
-                dt,
-            )?;
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(GemmPath::Gemv);
-            return y.reshape(out_dims);
+            return self.gemv(GemvInput::Values(&x2), t, dt)?.reshape(out_dims);
         }
         // f16's range (65504) can be too small for the unscaled sums (codes up to 448): f16
         // inputs multiply in f32
@@ -515,7 +498,7 @@ impl GpuWeight {
         } else {
             (MODE_OUTER_VEC, MODE_OUTER_VEC)
         };
-        let y = alloc(&self.dev, dt, t_p, self.out_p)?;
+        let y = alloc_uninit(&self.dev, dt, t_p, self.out_p, OP)?;
         let gemm = Gemm {
             key: PlanKey {
                 kind: PlanKind::Scaled {
@@ -586,13 +569,13 @@ impl GpuWeight {
                 q.groups()
             );
         }
-        let p = alloc(&self.dev, DType::F32, t_p, self.out_p)?;
+        let p = alloc_uninit(&self.dev, DType::F32, t_p, self.out_p, OP)?;
         let acc = if groups > 1 {
-            Some(alloc(&self.dev, DType::F32, t, self.out)?)
+            Some(alloc_uninit(&self.dev, DType::F32, t, self.out, OP)?)
         } else {
             None
         };
-        let y = alloc(&self.dev, dt, t, self.out)?;
+        let y = alloc_uninit(&self.dev, dt, t, self.out, OP)?;
         let (a0, b0, d) = (addr(&self.codes)?, addr(&q.codes)?, addr(&p)?);
         for g in 0..groups {
             let kg = gk.min(self.k_p - g * gk);

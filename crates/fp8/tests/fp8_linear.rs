@@ -48,6 +48,15 @@ fn fx() -> Fx {
     }
 }
 
+/// A fixture's array of numbers.
+fn f64s(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -103,12 +112,7 @@ fn codes_scales_and_product_match_the_oracle() {
             .map(|s| s.as_f64().unwrap() as f32)
             .collect();
         assert_eq!(w.scales(), scales.as_slice(), "{name} scales");
-        let ys: Vec<f64> = want["y"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let ys: Vec<f64> = f64s(&want["y"]);
         let wv = w.dequantize(&Device::Cpu).unwrap();
         let l = Fp8Linear::new(w, Some(f.bias.clone()), &Device::Cpu).unwrap();
         let y = l.forward(&f.x).unwrap();
@@ -132,12 +136,7 @@ fn fp8_checkpoints_load_as_stored() {
             want["codes_hex"].as_str().unwrap(),
             "{file}"
         );
-        let ys: Vec<f64> = want["y"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let ys: Vec<f64> = f64s(&want["y"]);
         let wv = w.dequantize(&Device::Cpu).unwrap();
         let l = Fp8Linear::new(w, Some(f.bias.clone()), &Device::Cpu).unwrap();
         let a = mxattn_fp8::quantize_activations_grouped(&f.x, l.activation_group()).unwrap();
@@ -255,12 +254,7 @@ fn weight_only_layers_match_the_oracle() {
             Granularity::Channel
         };
         let want = &f.json["granularity"][name];
-        let ys: Vec<f64> = want["y_weight_only"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let ys: Vec<f64> = f64s(&want["y_weight_only"]);
         let w = Fp8Weight::quantize(&f.w, g).unwrap();
         let wv = w.dequantize(&Device::Cpu).unwrap();
         let l = Fp8Linear::new(w.clone(), Some(f.bias.clone()), &Device::Cpu)
@@ -313,12 +307,7 @@ fn weight_only_layers_match_the_oracle() {
     assert_eq!(fmt, LinearFormat::Fp8WeightOnly);
     let mut l = Linear::new(dense, fmt).unwrap();
     assert_eq!(l.format().name(), "fp8-w");
-    let ys: Vec<f64> = f.json["granularity"]["channel"]["y_weight_only"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let ys: Vec<f64> = f64s(&f.json["granularity"]["channel"]["y_weight_only"]);
     let wv = Fp8Weight::quantize(&f.w, Granularity::Channel)
         .unwrap()
         .dequantize(&Device::Cpu)
@@ -334,12 +323,7 @@ fn weight_only_layers_match_the_oracle() {
     );
     l.convert(LinearFormat::Fp8(Granularity::Channel)).unwrap();
     assert_eq!(l.format(), LinearFormat::Fp8(Granularity::Channel));
-    let ys: Vec<f64> = f.json["granularity"]["channel"]["y"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let ys: Vec<f64> = f64s(&f.json["granularity"]["channel"]["y"]);
     let a = mxattn_fp8::quantize_activations_grouped(&f.x, None).unwrap();
     check_product(
         "Linear fp8 after fp8-w",
