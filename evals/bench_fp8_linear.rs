@@ -59,10 +59,15 @@ struct Row {
     gemm_path: String,
     fp8_ms: f64,
     bf16_ms: f64,
+    /// candle's BF16 matmul alone, no bias: what a caller that fuses the bias into its next
+    /// op pays (Wan's blocks).
+    bf16_gemm_ms: f64,
     fp8_tflops: f64,
     bf16_tflops: f64,
     /// BF16 time / FP8 time.
     speedup: f64,
+    /// BF16 GEMM-alone time / FP8 time.
+    speedup_gemm: f64,
 }
 
 fn main() -> Result<()> {
@@ -86,12 +91,12 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     println!(
-        "# bench_fp8_linear: CUDA device 0, CUDA events, mean of {} after {} warm-up; FP8 = activation quantize + GEMM or GEMV (+ bias; channel-w: the weight-only layer, no quantize), BF16 = candle matmul (cuBLAS) + bias",
+        "# bench_fp8_linear: CUDA device 0, CUDA events, mean of {} after {} warm-up; FP8 = activation quantize + GEMM or GEMV (+ bias; channel-w: the weight-only layer, no quantize), BF16 = candle matmul (cuBLAS) + bias; BF16 GEMM = the matmul alone (the bias fused elsewhere, as Wan's blocks do)",
         a.iters, a.warmup
     );
     println!();
-    println!("| shape | tokens | in → out | weights | GEMM path | FP8 ms | BF16 ms | FP8 TFLOP/s | BF16 TFLOP/s | BF16 / FP8 |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| shape | tokens | in → out | weights | GEMM path | FP8 ms | BF16 ms | BF16 GEMM ms | FP8 TFLOP/s | BF16 TFLOP/s | BF16 / FP8 | BF16 GEMM / FP8 |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for entry in a.shapes.split(';').filter(|s| !s.trim().is_empty()) {
         let f: Vec<&str> = entry.split(',').map(str::trim).collect();
@@ -108,6 +113,7 @@ fn main() -> Result<()> {
         let bf16_ms = cuda_time_ms(&dev, a.warmup, a.iters, || {
             x.matmul(&w_bf16.t()?)?.broadcast_add(&b_bf16)
         })?;
+        let bf16_gemm_ms = cuda_time_ms(&dev, a.warmup, a.iters, || x.matmul(&w_bf16.t()?))?;
         let w_cpu = w.to_device(&Device::Cpu)?;
         let flops = 2.0 * t as f64 * inp as f64 * out as f64;
         for (gname, g) in &grans {
@@ -133,12 +139,14 @@ fn main() -> Result<()> {
                     gemm_path: path,
                     fp8_ms,
                     bf16_ms,
+                    bf16_gemm_ms,
                     fp8_tflops: flops / fp8_ms / 1e9,
                     bf16_tflops: flops / bf16_ms / 1e9,
                     speedup: bf16_ms / fp8_ms,
+                    speedup_gemm: bf16_gemm_ms / fp8_ms,
                 };
                 println!(
-                    "| {} | {} | {} → {} | {} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× |",
+                    "| {} | {} | {} → {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {:.2}× |",
                     r.shape,
                     r.tokens,
                     r.inp,
@@ -147,9 +155,11 @@ fn main() -> Result<()> {
                     r.gemm_path,
                     r.fp8_ms,
                     r.bf16_ms,
+                    r.bf16_gemm_ms,
                     r.fp8_tflops,
                     r.bf16_tflops,
-                    r.speedup
+                    r.speedup,
+                    r.speedup_gemm
                 );
                 rows.push(r);
             }
