@@ -1,5 +1,5 @@
 //! FP8 linear layers on the GPU (build with `--features cuda`): `mxattn_fp8::Fp8Linear`'s
-//! whole op (activation quantization + cuBLASLt FP8 GEMM, or up to 8 tokens the decode GEMV;
+//! whole op (activation quantization + cuBLASLt FP8 GEMM, or up to 4 tokens (8 weight-only) the decode GEMV;
 //! `channel-w`: the weight-only layer; bias included) against candle's
 //! BF16 matmul (cuBLAS) of the same shape, in the same run, timed with CUDA events after
 //! warm-up. Shapes are the models' projections: Wan2.2-A14B at 720p (75 600 tokens), Wan2.2
@@ -44,6 +44,10 @@ struct Args {
     /// Up to 8 tokens, also time cuBLASLt's FP8 GEMM where the decode GEMV is the default.
     #[arg(long)]
     no_gemv: bool,
+    /// Also time cuBLASLt's FP8 GEMM with fast accumulation (`Fp8Linear::set_fast_accum`),
+    /// rows marked `+fast`.
+    #[arg(long)]
+    fast_accum: bool,
     /// Also write the rows as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -119,17 +123,30 @@ fn main() -> Result<()> {
         for (gname, g) in &grans {
             let wq = Fp8Weight::quantize(&w_cpu, *g)?;
             let weight_only = gname == "channel-w";
-            for (fallback, gemv) in [(false, true), (false, false), (true, true)] {
-                if (fallback && !a.fallback) || (!gemv && (!a.no_gemv || t > 8 || weight_only)) {
+            for (fallback, gemv, fast) in [
+                (false, true, false),
+                (false, false, false),
+                (true, true, false),
+                (false, true, true),
+            ] {
+                if (fallback && !a.fallback)
+                    || (!gemv && (!a.no_gemv || t > 8 || weight_only))
+                    || (fast && (!a.fast_accum || weight_only))
+                {
                     continue;
                 }
                 let mut l = Fp8Linear::new(wq.clone(), Some(bias.clone()), &dev)?
                     .weight_only(weight_only)?;
                 l.set_force_fallback(fallback);
                 l.set_gemv(gemv);
+                l.set_fast_accum(fast);
                 let fp8_ms = cuda_time_ms(&dev, a.warmup, a.iters, || l.forward(&x))?;
                 mxattn::attention::check_device(&dev)?;
-                let path = format!("{:?}", l.last_gpu_path());
+                let path = format!(
+                    "{:?}{}",
+                    l.last_gpu_path(),
+                    if fast { " +fast" } else { "" }
+                );
                 let r = Row {
                     shape: name.to_string(),
                     tokens: t,

@@ -33,7 +33,7 @@
 //! bias rounded to x's dtype, as a bf16 model's bias is stored); for f32 outputs (the FP8
 //! tables give a bf16 bias there) the bias is added after the GEMM in f32.
 //!
-//! **Decode.** Up to `GEMV_MAX_TOKENS` (8) tokens with tensor or channel scales, the product
+//! **Decode.** Up to `FP8_GEMV_MAX_TOKENS` (4) tokens with tensor or channel scales, the product
 //! is `kernels/fp8_gemv.cu`'s GEMV instead ([`GemmPath::Gemv`]): the same exact FP8 products
 //! summed in f32, the weight's bytes read once, where cuBLASLt's FP8 GEMM measured no faster
 //! than the BF16 one (`evals/results/bench_fp8_linear.md`). The weight-only layers
@@ -377,6 +377,7 @@ impl GpuWeight {
         checks: DeviceChecks,
         force_fallback: bool,
         gemv: bool,
+        fast_accum: bool,
     ) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let dt = x.dtype();
@@ -391,7 +392,7 @@ impl GpuWeight {
         }
         let t_p = round_up(t, 4);
         let q = fp8_quantize_rows(x, group, t_p, self.k_p, checks)?;
-        if gemv && !force_fallback && t <= GEMV_MAX_TOKENS && self.per_channel() {
+        if gemv && !force_fallback && t <= crate::FP8_GEMV_MAX_TOKENS && self.per_channel() {
             return self.gemv(GemvInput::Fp8(&q), t, dt)?.reshape(out_dims);
         }
         let block128 = self.granularity == Granularity::BLOCK128;
@@ -401,7 +402,7 @@ impl GpuWeight {
                 Granularity::Block { .. } => block128,
             };
         if scaled_ok {
-            if let Some((y, path)) = self.scaled(&q, dt, t_p)? {
+            if let Some((y, path)) = self.scaled(&q, dt, t_p, fast_accum)? {
                 *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
                 let mut y = y.narrow(0, 0, t)?;
                 if self.out_p != self.out {
@@ -487,7 +488,13 @@ impl GpuWeight {
     }
 
     /// The scaled cuBLASLt GEMM into `[t_p, out_p]`, or None where cuBLASLt refuses it.
-    fn scaled(&self, q: &Fp8Rows, dt: DType, t_p: usize) -> Result<Option<(Tensor, GemmPath)>> {
+    fn scaled(
+        &self,
+        q: &Fp8Rows,
+        dt: DType,
+        t_p: usize,
+        fast_accum: bool,
+    ) -> Result<Option<(Tensor, GemmPath)>> {
         let bias = if dt == DType::F32 {
             None
         } else {
@@ -505,6 +512,7 @@ impl GpuWeight {
                     a_mode: modes.0,
                     b_mode: modes.1,
                     bias: bias.is_some(),
+                    fast_accum,
                 },
                 m: self.out_p,
                 n: t_p,
@@ -538,6 +546,7 @@ impl GpuWeight {
                         a_mode: modes.0,
                         b_mode: modes.1,
                         bias: false,
+                        fast_accum,
                     },
                     ..gemm.key
                 },
@@ -635,6 +644,8 @@ enum PlanKind {
         a_mode: i32,
         b_mode: i32,
         bias: bool,
+        /// `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (no periodic promotion of the FP8 sums).
+        fast_accum: bool,
     },
     /// Scalar scales of 1 (none set).
     Unit,
@@ -759,8 +770,12 @@ impl Plan {
             a_mode,
             b_mode,
             bias,
+            fast_accum,
         } = g.key.kind
         {
+            if fast_accum {
+                set(desc, Attr::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
+            }
             // a refused mode is a refusal of the plan, not an error of the call
             if set(desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode).is_err()
                 || set(desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode).is_err()

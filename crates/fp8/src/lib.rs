@@ -47,6 +47,15 @@ mod cuda;
 mod layer;
 #[cfg(feature = "cuda")]
 pub use cuda::GemmPath;
+
+/// CUDA: up to this many tokens an all-FP8 layer (FP8 activations, tensor or channel
+/// weight scales) takes the decode GEMV rather than cuBLASLt's FP8 GEMM. Measured on an H100
+/// (`evals/results/wan_fp8_linear_h100/gemv_cutover.md`): the GEMV is faster at 1 and 2
+/// tokens on every Qwen3-8B shape, at 4 on two of three, slower at 8 on all. Weight-only
+/// layers take the GEMV up to `mxattn::fused::fp8::GEMV_MAX_TOKENS` (8): their other path
+/// dequantizes the weight per call.
+#[cfg(feature = "cuda")]
+pub const FP8_GEMV_MAX_TOKENS: usize = 4;
 pub use layer::{format_counts, Linear, LinearFormat};
 
 /// E4M3's largest finite value: a group's amax maps to it.
@@ -421,6 +430,9 @@ pub struct Fp8Linear {
     /// CUDA: the decode GEMV where it applies (default on; off for comparisons).
     #[cfg(feature = "cuda")]
     gemv: bool,
+    /// CUDA: cuBLASLt's FP8 fast accumulation (off by default; [`Self::set_fast_accum`]).
+    #[cfg(feature = "cuda")]
+    fast_accum: bool,
 }
 
 impl Fp8Linear {
@@ -459,6 +471,8 @@ impl Fp8Linear {
             force_fallback: false,
             #[cfg(feature = "cuda")]
             gemv: true,
+            #[cfg(feature = "cuda")]
+            fast_accum: false,
         })
     }
 
@@ -491,6 +505,7 @@ impl Fp8Linear {
                 gpu: Some(std::sync::Arc::new(gpu)),
                 force_fallback: false,
                 gemv: true,
+                fast_accum: false,
             });
         }
         Self::new(Fp8Weight::quantize(w, granularity)?, bias, w.device())
@@ -620,6 +635,7 @@ impl Fp8Linear {
                     checks,
                     self.force_fallback,
                     self.gemv,
+                    self.fast_accum,
                 );
             }
             bail!(
@@ -659,10 +675,18 @@ impl Fp8Linear {
     }
 
     /// CUDA: whether an all-FP8 layer with tensor or channel scales takes the decode GEMV
-    /// (`kernels/fp8_gemv.cu`) up to 8 tokens (the default) or cuBLASLt's GEMM there: for
+    /// (`kernels/fp8_gemv.cu`) up to [`FP8_GEMV_MAX_TOKENS`] tokens (the default) or cuBLASLt's GEMM there: for
     /// tests and benchmarks. Weight-only layers always take it.
     pub fn set_gemv(&mut self, on: bool) {
         self.gemv = on;
+    }
+
+    /// CUDA: cuBLASLt's FP8 GEMM with fast accumulation (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`):
+    /// the tensor cores' FP8 sums are not promoted to f32 every few k-steps, which is faster on
+    /// Hopper and loses low bits of long sums (off by default; `evals/bench_fp8_linear.rs
+    /// --fast-accum` measures it).
+    pub fn set_fast_accum(&mut self, on: bool) {
+        self.fast_accum = on;
     }
 
     /// The GEMM the last CUDA forward of this layer (or a clone of it) ran; None before one.

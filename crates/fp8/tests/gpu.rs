@@ -246,6 +246,25 @@ fn check_layer(
     force_fallback: bool,
     gemv: bool,
 ) {
+    check_layer_accum(dev, name, w, x, bias, dt, force_fallback, gemv, false)
+}
+
+/// As [`check_layer`]; `fast_accum` runs cuBLASLt's GEMM with fast accumulation, whose bound
+/// adds 2⁻¹³·S per 32-wide k-step: the FP8 MMA's sum is then never promoted to f32, and
+/// Hopper's MMA keeps about 14 bits of the larger addend when it adds a k-step into its
+/// accumulator (one bit of margin taken).
+#[allow(clippy::too_many_arguments)]
+fn check_layer_accum(
+    dev: &Device,
+    name: &str,
+    w: &Fp8Weight,
+    x: &Tensor,
+    bias: &[f32],
+    dt: DType,
+    force_fallback: bool,
+    gemv: bool,
+    fast_accum: bool,
+) {
     let (out, inp) = w.shape();
     let b_cpu = Tensor::new(bias, &Device::Cpu).unwrap();
     let xc = x.to_dtype(dt).unwrap(); // the values both sides quantize
@@ -261,11 +280,19 @@ fn check_layer(
     let n = inp as f32;
     let s: Vec<f32> = s_abs
         .iter()
-        .map(|&v| (2f64.powi(-10) + (n as f64 + 2.0) * 2f64.powi(-24)) as f32 * v)
+        .map(|&v| {
+            let fast = if fast_accum {
+                inp.div_ceil(32) as f64 * 2f64.powi(-13)
+            } else {
+                0.0
+            };
+            (2f64.powi(-10) + (n as f64 + 2.0) * 2f64.powi(-24) + fast) as f32 * v
+        })
         .collect();
     let mut gl = Fp8Linear::new(w.clone(), Some(Tensor::new(bias, dev).unwrap()), dev).unwrap();
     gl.set_force_fallback(force_fallback);
     gl.set_gemv(gemv);
+    gl.set_fast_accum(fast_accum);
     let y = gl.forward(&xc.to_device(dev).unwrap()).unwrap();
     assert_eq!(y.dims(), &[x.dims()[0], out]);
     assert_eq!(y.dtype(), dt);
@@ -274,14 +301,18 @@ fn check_layer(
         assert_eq!(path, Some(mxattn_fp8::GemmPath::Fallback));
     } else if !gemv {
         assert_ne!(path, Some(mxattn_fp8::GemmPath::Gemv), "{name}");
-    } else if x.dims()[0] <= mxattn::fused::fp8::GEMV_MAX_TOKENS
+    } else if x.dims()[0] <= mxattn_fp8::FP8_GEMV_MAX_TOKENS
         && matches!(w.granularity(), Granularity::Tensor | Granularity::Channel)
     {
         // decode-shaped products take the GEMV (cuda.rs)
         assert_eq!(path, Some(mxattn_fp8::GemmPath::Gemv), "{name}");
     }
     mxattn::attention::check_device(dev).unwrap();
-    let what = format!("{name} [{}, {inp}]→{out} {dt:?} path {path:?}", x.dims()[0]);
+    let what = format!(
+        "{name} [{}, {inp}]→{out} {dt:?} path {path:?}{}",
+        x.dims()[0],
+        if fast_accum { " fast accumulation" } else { "" }
+    );
     check_close(&what, &host_f32(&y), &y_ref, &s, bias, out, dt);
 }
 
@@ -359,6 +390,10 @@ fn gemm_matches_the_reference_at_model_shapes() {
             check_layer(&dev, name, &wq, &x, &bias, DType::BF16, false, true);
             if ci == 1 {
                 check_layer(&dev, name, &wq, &x, &bias, DType::BF16, true, true);
+            }
+            if ci > 0 {
+                let (fb, gemv) = (false, true);
+                check_layer_accum(&dev, name, &wq, &x, &bias, DType::BF16, fb, gemv, true);
             }
         }
     }
