@@ -1,7 +1,7 @@
 //! `real_attention` on SmolLM2 reproduces its committed table
-//! (`evals/results/real_attention_smollm2/report.json`) for two layers: the exact row (f32
-//! exact attention against float64 on real Q, K, V) and one Fused-Softmax row with its
-//! floor. Needs the GGUF (`scripts/fetch_smollm2.sh`); without it the test prints why and
+//! (`evals/results/real_attention_smollm2/report.json`) for two layers: one Fused-Softmax
+//! row with its floor to the committed digits, and the exact row (f32 exact attention
+//! against float64 on real Q, K, V) within f32's bounds. Needs the GGUF (`scripts/fetch_smollm2.sh`); without it the test prints why and
 //! passes, unless `MXATTN_REQUIRE_SMOLLM2` is set (CI sets it).
 
 use serde_json::Value;
@@ -43,20 +43,33 @@ fn real_attention_reproduces_the_committed_rows() {
             .iter()
             .find(|c| c["layer"] == r["layer"] && c["variant"] == r["variant"])
             .expect("the committed table has every layer and variant");
+        if r["variant"] == "exact" {
+            // f32 exact attention is f32 rounding away from float64: its statistics are
+            // rounding noise, which moves with the CPU's SIMD width (the GEMM kernels' summation
+            // order; a max over rows moved 4.7 % between two x86 machines), so they are held
+            // to f32's bounds, not to the committed digits. Worst case of a row: the sums over
+            // `tokens` keys and 64 channels, (tokens + 64)·2⁻²⁴.
+            assert!(r["err_mean"].as_f64().unwrap() < 1e-6);
+            let n = committed["tokens"].as_f64().unwrap() + 64.0;
+            let bound = n * 2f64.powi(-24);
+            let worst = r["err_max"].as_f64().unwrap();
+            assert!(
+                worst <= bound,
+                "layer {} exact err_max {worst:e} > {bound:e}",
+                r["layer"]
+            );
+            continue;
+        }
         for k in ["err_mean", "err_max", "floor_mean", "added_mean"] {
             let (a, b) = (r[k].as_f64().unwrap(), want[k].as_f64().unwrap());
-            // same code, same inputs: only thread-count-dependent summation order could
-            // move these, by far less than 1 %
+            // same code, same inputs: the quantization error dominates; summation order
+            // (threads, SIMD width) moves it by far less than 1 %
             assert!(
                 (a - b).abs() <= 0.01 * b.abs() + 1e-12,
                 "layer {} {} {k}: {a:e} vs committed {b:e}",
                 r["layer"],
                 r["variant"]
             );
-        }
-        if r["variant"] == "exact" {
-            // f32 exact attention is f32 rounding away from float64
-            assert!(r["err_mean"].as_f64().unwrap() < 1e-6);
         }
     }
 }
