@@ -17,6 +17,9 @@ pub enum LinearFormat {
     /// FP8 E4M3 weights with a scale per output channel, activations as they come
     /// ([`Fp8Linear::weight_only`]).
     Fp8WeightOnly,
+    /// As `Fp8(Channel)`, with cuBLASLt's fast accumulation on CUDA
+    /// ([`Fp8Linear::set_fast_accum`]).
+    Fp8Fast,
 }
 
 /// Names, as written in a linear schedule, and what they mean.
@@ -40,6 +43,11 @@ const NAMES: &[(&str, LinearFormat, &str)] = &[
         "fp8-block",
         LinearFormat::Fp8(Granularity::BLOCK128),
         "FP8 E4M3 with 128×128 weight blocks and 1×128 activation groups (the official FP8 checkpoints)",
+    ),
+    (
+        "fp8-fast",
+        LinearFormat::Fp8Fast,
+        "as fp8, with cuBLASLt's fast accumulation on CUDA (FP8 sums not promoted to f32: faster, less exact; the CPU computes fp8)",
     ),
     (
         "fp8-w",
@@ -116,14 +124,16 @@ impl Linear {
     pub fn new(dense: candle_nn::Linear, format: LinearFormat) -> Result<Self> {
         match format {
             LinearFormat::Dense => Ok(Self::Dense(dense)),
-            LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly => {
+            LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly | LinearFormat::Fp8Fast => {
                 let (g, weight_only) = match format {
                     LinearFormat::Fp8(g) => (g, false),
+                    LinearFormat::Fp8Fast => (Granularity::Channel, false),
                     _ => (Granularity::Channel, true),
                 };
                 // on the weight's device: a CUDA weight never goes through the host
-                let layer =
-                    Fp8Linear::quantize(dense.weight(), g, None)?.weight_only(weight_only)?;
+                let layer = Fp8Linear::quantize(dense.weight(), g, None)?
+                    .weight_only(weight_only)?
+                    .fast_accum(format == LinearFormat::Fp8Fast);
                 let bias = dense.bias().cloned();
                 if let Some(b) = &bias {
                     if b.dims() != [layer.shape().0] {
@@ -163,14 +173,22 @@ impl Linear {
     /// Runs a dense layer in `format` from now on (quantizing it now). An FP8 layer keeps
     /// its codes for any FP8 format (re-quantizing FP8 values to other scales would only
     /// lose precision: an FP8 checkpoint runs as stored), switching only whether its
-    /// activations are quantized (`fp8-w`: not), and cannot become dense (its dense
-    /// weights are gone).
+    /// activations are quantized (`fp8-w`: not) and whether CUDA's GEMM accumulates fast
+    /// (`fp8-fast`; not for block scales), and cannot become dense (its dense weights are
+    /// gone).
     pub fn convert(&mut self, format: LinearFormat) -> Result<()> {
         match (&mut *self, format) {
             (Self::Dense(_), LinearFormat::Dense) => Ok(()),
-            (Self::Fp8 { layer, .. }, LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly) => {
+            (
+                Self::Fp8 { layer, .. },
+                LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly | LinearFormat::Fp8Fast,
+            ) => {
                 let on = format == LinearFormat::Fp8WeightOnly;
-                *layer = layer.clone().weight_only(on)?;
+                // cuBLASLt has no fast-accumulation GEMM for 128 × 128 blocks (measured: the
+                // layer would take its slower fallback), so those keep the promoted sums
+                let fast = format == LinearFormat::Fp8Fast
+                    && !matches!(layer.granularity(), Granularity::Block { .. });
+                *layer = layer.clone().weight_only(on)?.fast_accum(fast);
                 Ok(())
             }
             (Self::Dense(d), f) => {
@@ -189,6 +207,7 @@ impl Linear {
         match self {
             Self::Dense(_) => LinearFormat::Dense,
             Self::Fp8 { layer, .. } if layer.is_weight_only() => LinearFormat::Fp8WeightOnly,
+            Self::Fp8 { layer, .. } if layer.is_fast_accum() => LinearFormat::Fp8Fast,
             Self::Fp8 { layer, .. } => LinearFormat::Fp8(layer.granularity()),
         }
     }

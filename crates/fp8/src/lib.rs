@@ -431,7 +431,6 @@ pub struct Fp8Linear {
     #[cfg(feature = "cuda")]
     gemv: bool,
     /// CUDA: cuBLASLt's FP8 fast accumulation (off by default; [`Self::set_fast_accum`]).
-    #[cfg(feature = "cuda")]
     fast_accum: bool,
 }
 
@@ -471,7 +470,6 @@ impl Fp8Linear {
             force_fallback: false,
             #[cfg(feature = "cuda")]
             gemv: true,
-            #[cfg(feature = "cuda")]
             fast_accum: false,
         })
     }
@@ -537,6 +535,26 @@ impl Fp8Linear {
     /// Whether the activations stay unquantized ([`Self::weight_only`]).
     pub fn is_weight_only(&self) -> bool {
         self.weight_only
+    }
+
+    /// CUDA: cuBLASLt's FP8 GEMM with fast accumulation (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`,
+    /// the `fp8-fast` linear format): the tensor cores' FP8 sums are not promoted to f32 every
+    /// few k-steps, which is faster on Hopper (17–24 % at the Wan shapes on an H100,
+    /// `evals/results/wan_fp8_linear_h100/`) and loses low bits of long sums. Off by default.
+    /// It changes nothing on the CPU (whose reference sums in f32) nor on the GEMV and
+    /// fallback paths.
+    pub fn set_fast_accum(&mut self, on: bool) {
+        self.fast_accum = on;
+    }
+
+    /// [`Self::set_fast_accum`] as a builder.
+    pub fn fast_accum(mut self, on: bool) -> Self {
+        self.fast_accum = on;
+        self
+    }
+
+    pub fn is_fast_accum(&self) -> bool {
+        self.fast_accum
     }
 
     /// The weight's f32 values on the CPU (made on first use).
@@ -679,14 +697,6 @@ impl Fp8Linear {
     /// tests and benchmarks. Weight-only layers always take it.
     pub fn set_gemv(&mut self, on: bool) {
         self.gemv = on;
-    }
-
-    /// CUDA: cuBLASLt's FP8 GEMM with fast accumulation (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`):
-    /// the tensor cores' FP8 sums are not promoted to f32 every few k-steps, which is faster on
-    /// Hopper and loses low bits of long sums (off by default; `evals/bench_fp8_linear.rs
-    /// --fast-accum` measures it).
-    pub fn set_fast_accum(&mut self, on: bool) {
-        self.fast_accum = on;
     }
 
     /// The GEMM the last CUDA forward of this layer (or a clone of it) ran; None before one.

@@ -333,4 +333,30 @@ fn weight_only_layers_match_the_oracle() {
         &wv,
         f.out,
     );
+
+    // fp8-fast: channel scales with CUDA's fast accumulation; on the CPU the same oracle as fp8
+    let fmt: LinearFormat = mxattn::schedule::Choice::parse_name("fp8-fast", &g).unwrap();
+    assert_eq!(fmt, LinearFormat::Fp8Fast);
+    l.convert(fmt).unwrap();
+    assert_eq!(l.format().name(), "fp8-fast");
+    check_product(
+        "Linear fp8-fast",
+        &l.forward(&f.x).unwrap(),
+        &ys,
+        &a,
+        &wv,
+        f.out,
+    );
+    l.convert(LinearFormat::Fp8(Granularity::Channel)).unwrap();
+    assert_eq!(l.format(), LinearFormat::Fp8(Granularity::Channel));
+    let dense = candle_nn::Linear::new(f.w.clone(), Some(f.bias.clone()));
+    assert_eq!(
+        Linear::new(dense, LinearFormat::Fp8Fast).unwrap().format(),
+        LinearFormat::Fp8Fast
+    );
+    // block scales have no fast-accumulation GEMM: such a layer keeps the promoted sums
+    let blocks = Fp8Weight::quantize(&f.w, Granularity::BLOCK128).unwrap();
+    let mut l = Linear::from_fp8(blocks, None, &Device::Cpu).unwrap();
+    l.convert(LinearFormat::Fp8Fast).unwrap();
+    assert_eq!(l.format(), LinearFormat::Fp8(Granularity::BLOCK128));
 }
