@@ -184,10 +184,7 @@ impl Linear {
                 LinearFormat::Fp8(_) | LinearFormat::Fp8WeightOnly | LinearFormat::Fp8Fast,
             ) => {
                 let on = format == LinearFormat::Fp8WeightOnly;
-                // cuBLASLt has no fast-accumulation GEMM for 128 × 128 blocks (measured: the
-                // layer would take its slower fallback), so those keep the promoted sums
-                let fast = format == LinearFormat::Fp8Fast
-                    && !matches!(layer.granularity(), Granularity::Block { .. });
+                let fast = format == LinearFormat::Fp8Fast; // block scales keep promoted sums
                 *layer = layer.clone().weight_only(on)?.fast_accum(fast);
                 Ok(())
             }

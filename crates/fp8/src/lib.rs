@@ -539,17 +539,19 @@ impl Fp8Linear {
 
     /// CUDA: cuBLASLt's FP8 GEMM with fast accumulation (`CUBLASLT_MATMUL_DESC_FAST_ACCUM`,
     /// the `fp8-fast` linear format): the tensor cores' FP8 sums are not promoted to f32 every
-    /// few k-steps, which is faster on Hopper (17–24 % at the Wan shapes on an H100,
+    /// few k-steps, which is faster on Hopper (1.19–1.24× at the A14B shapes on an H100,
     /// `evals/results/wan_fp8_linear_h100/`) and loses low bits of long sums. Off by default.
     /// It changes nothing on the CPU (whose reference sums in f32) nor on the GEMV and
-    /// fallback paths.
+    /// fallback paths, and a layer with 128 × 128 block scales keeps the promoted sums:
+    /// cuBLASLt has no fast-accumulation GEMM for them (measured on an H100: the layer took
+    /// its slower fallback).
     pub fn set_fast_accum(&mut self, on: bool) {
-        self.fast_accum = on;
+        self.fast_accum = on && !matches!(self.granularity, Granularity::Block { .. });
     }
 
     /// [`Self::set_fast_accum`] as a builder.
     pub fn fast_accum(mut self, on: bool) -> Self {
-        self.fast_accum = on;
+        self.set_fast_accum(on);
         self
     }
 

@@ -277,22 +277,19 @@ fn check_layer_accum(
         .unwrap();
     let wv = w.dequantize(&Device::Cpu).unwrap().abs().unwrap();
     let s_abs = host_f32(&a.matmul(&wv.t().unwrap()).unwrap());
-    let n = inp as f32;
-    let s: Vec<f32> = s_abs
-        .iter()
-        .map(|&v| {
-            let fast = if fast_accum {
-                inp.div_ceil(32) as f64 * 2f64.powi(-13)
-            } else {
-                0.0
-            };
-            (2f64.powi(-10) + (n as f64 + 2.0) * 2f64.powi(-24) + fast) as f32 * v
-        })
-        .collect();
     let mut gl = Fp8Linear::new(w.clone(), Some(Tensor::new(bias, dev).unwrap()), dev).unwrap();
     gl.set_force_fallback(force_fallback);
     gl.set_gemv(gemv);
     gl.set_fast_accum(fast_accum);
+    // block scales have no fast GEMM: the layer keeps the promoted sums (and the scaled path)
+    let fast_accum = gl.is_fast_accum();
+    let fast = if fast_accum {
+        inp.div_ceil(32) as f64 * 2f64.powi(-13)
+    } else {
+        0.0
+    };
+    let rel = (2f64.powi(-10) + (inp as f64 + 2.0) * 2f64.powi(-24) + fast) as f32;
+    let s: Vec<f32> = s_abs.iter().map(|&v| rel * v).collect();
     let y = gl.forward(&xc.to_device(dev).unwrap()).unwrap();
     assert_eq!(y.dims(), &[x.dims()[0], out]);
     assert_eq!(y.dtype(), dt);
