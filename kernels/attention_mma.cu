@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int nqb = (P.sq + BR - 1) / BR;
-  const int qb = blockIdx.x % nqb;
-  const int bh = blockIdx.x / nqb;
+  int qb, bh;
+  cta_block(P, nqb, qb, bh);
   const int h = bh % P.hq, bb = bh / P.hq;
   const int kvh = h / (P.hq / P.hkv);
   const int q0 = qb * BR;

@@ -279,7 +279,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
   const int nqb = sq_pad / ROWS;
-  const int qb = blockIdx.x % nqb, bh = blockIdx.x / nqb;
+  int qb, bh;
+  cta_block(P, nqb, qb, bh);
   const int h = bh % P.hq, bb = bh / P.hq;
   const int kvh = h / (P.hq / P.hkv);
   const int q0 = qb * ROWS;
@@ -559,11 +560,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (HAS_QK) mbar_wait(k_full + 8 * (j % T::STAGES), (j / T::STAGES) & 1);
     if (HAS_PV) mbar_wait(v_full + 8 * (jp % T::STAGES), (jp / T::STAGES) & 1);
     named_bar_sync(my_bar, CONSUMERS * 128);
-    const bool fresh = FP8 && jp % RUN == 0;  // PV starts a new run
-    if (HAS_PV && fresh && jp > 0) {
-#pragma unroll
-      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
-    }
+    const bool fresh = FP8 && jp % RUN == 0;  // PV starts a new run (the last one's sum is in O)
     float s[64];
     wgmma_fence();
     if constexpr (HAS_QK) {
@@ -594,6 +591,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if constexpr (HAS_PV && (OVERLAP || !HAS_QK)) pv_done();
     if constexpr (HAS_QK) scale_o(al_out);  // tile j's α, before PV(j) adds in
+    // PV(j) of the next slot starts a new run: the closed run joins O now, off the MMA-issue
+    // turn (added at the next slot's start, it held the other warpgroup's turn too).
+    if (FP8 && HAS_QK && HAS_PV && j % RUN == 0) {
+#pragma unroll
+      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
+    }
   };
   using yes = std::true_type;
   using no = std::false_type;

@@ -15,6 +15,22 @@ struct RowState {
   unsigned rollbacks;
 };
 
+// Which query block and (batch, head) a CTA takes. Without a mask every block has the same
+// work, and consecutive CTAs take one head's blocks (they share its K/V in L2). Causal: a
+// block's work grows with its index, so CTAs launch longest first across all heads (the
+// hardware starts CTAs roughly in index order; the short blocks fill the last wave instead
+// of the long ones running alone at the end).
+static __device__ __forceinline__ void cta_block(const AttnParams& P, int nqb, int& qb, int& bh) {
+  const int nbh = P.b * P.hq;
+  if (P.causal) {
+    qb = nqb - 1 - (int)(blockIdx.x / nbh);
+    bh = (int)(blockIdx.x % nbh);
+  } else {
+    qb = (int)(blockIdx.x % nqb);
+    bh = (int)(blockIdx.x / nqb);
+  }
+}
+
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, SHFL_XOR(v, o));
