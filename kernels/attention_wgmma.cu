@@ -382,9 +382,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   mbar_wait(q_bar, 0);
 
   // The scores of one tile into P (the PV MMA's A fragments) and the tile's α.
-  auto softmax = [&](int j, float (&s)[64], uint32_t (&a)[T::PSTEPS][4], float (&alpha)[2]) {
+  // km: tile j's K scale, loaded by the caller before its waits (read here, the global load's
+  // latency sat at the head of every tile's softmax)
+  auto softmax = [&](int j, float km, float (&s)[64], uint32_t (&a)[T::PSTEPS][4], float (&alpha)[2]) {
     const int key0 = j * BC;
-    const float km = FP8 ? kmul_h[j] : 1.0f;
     if (key0 + BC > nvis_min) {  // keys past a row's visible range score −inf
 #pragma unroll
       for (int i = 0; i < BC / 8; i++)
@@ -557,10 +558,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                       float(&al_out)[2], auto has_pv, auto has_qk) {
     constexpr bool HAS_PV = decltype(has_pv)::value, HAS_QK = decltype(has_qk)::value;
     const int jp = j - 1;
+    const float km = FP8 && HAS_QK ? kmul_h[j] : 1.0f;
     if (HAS_QK) mbar_wait(k_full + 8 * (j % T::STAGES), (j / T::STAGES) & 1);
     if (HAS_PV) mbar_wait(v_full + 8 * (jp % T::STAGES), (jp / T::STAGES) & 1);
     named_bar_sync(my_bar, CONSUMERS * 128);
-    const bool fresh = FP8 && jp % RUN == 0;  // PV starts a new run (the last one's sum is in O)
+    const bool fresh = FP8 && jp % RUN == 0;  // PV starts a new run
+    // The closed run joins O here, inside the turn: at the end of the previous slot instead
+    // it sat on this warpgroup's own path to its next issue and the FP8 paths ran 2-3 %
+    // slower (kernels/NOTES.md v3 item 11).
+    if (HAS_PV && fresh && jp > 0) {
+#pragma unroll
+      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
+    }
     float s[64];
     wgmma_fence();
     if constexpr (HAS_QK) {
@@ -587,16 +596,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       fence_regs(s);
       mbar_arrive(k_empty + 8 * (j % T::STAGES));  // this thread is done with K(j)
-      softmax(j, s, a_out, al_out);
+      softmax(j, km, s, a_out, al_out);
     }
     if constexpr (HAS_PV && (OVERLAP || !HAS_QK)) pv_done();
     if constexpr (HAS_QK) scale_o(al_out);  // tile j's α, before PV(j) adds in
-    // PV(j) of the next slot starts a new run: the closed run joins O now, off the MMA-issue
-    // turn (added at the next slot's start, it held the other warpgroup's turn too).
-    if (FP8 && HAS_QK && HAS_PV && j % RUN == 0) {
-#pragma unroll
-      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
-    }
   };
   using yes = std::true_type;
   using no = std::false_type;

@@ -15,19 +15,20 @@ struct RowState {
   unsigned rollbacks;
 };
 
-// Which query block and (batch, head) a CTA takes. Without a mask every block has the same
-// work, and consecutive CTAs take one head's blocks (they share its K/V in L2). Causal: a
-// block's work grows with its index, so CTAs launch longest first across all heads (the
-// hardware starts CTAs roughly in index order; the short blocks fill the last wave instead
-// of the long ones running alone at the end).
+// Which query block and (batch, head) a CTA takes. CTAs start roughly in index order, and
+// consecutive CTAs should share K/V in L2: all query heads of one KV head (GQA group) run
+// together, one group after another. Within a group, causal blocks go longest first (a block's
+// work grows with its index), so short blocks, not long ones, end each group and the grid;
+// without a mask, block-major as before.
 static __device__ __forceinline__ void cta_block(const AttnParams& P, int nqb, int& qb, int& bh) {
-  const int nbh = P.b * P.hq;
+  const int gs = P.hq / P.hkv;  // query heads per KV head
+  const int grp = (int)(blockIdx.x / (nqb * gs)), rem = (int)(blockIdx.x % (nqb * gs));
   if (P.causal) {
-    qb = nqb - 1 - (int)(blockIdx.x / nbh);
-    bh = (int)(blockIdx.x % nbh);
+    qb = nqb - 1 - rem / gs;
+    bh = grp * gs + rem % gs;
   } else {
-    qb = (int)(blockIdx.x % nqb);
-    bh = (int)(blockIdx.x / nqb);
+    qb = rem % nqb;
+    bh = grp * gs + rem / nqb;
   }
 }
 
