@@ -12,6 +12,7 @@
 // and P·V, V of the next tile during the next S). Shared rows are XOR-swizzled in 16-byte
 // chunks so ldmatrix is conflict free.
 #include <stdint.h>
+#include "attention_grid.cuh"
 #include "softmax_algos.cuh"
 
 // f32 → bf16 of n values (prepared operands into the GEMM's input type).

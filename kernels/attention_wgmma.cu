@@ -24,6 +24,7 @@
 // fewer bits). Scores come from one FP8 MMA per 32 channels, so they carry that internal
 // rounding too: ≈1e-5 of the largest products, visible only where scores are huge.
 #include <stdint.h>
+#include "attention_grid.cuh"
 #include "softmax_algos.cuh"
 
 #if defined(__HIPCC__)
@@ -382,8 +383,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   mbar_wait(q_bar, 0);
 
   // The scores of one tile into P (the PV MMA's A fragments) and the tile's α.
-  // km: tile j's K scale, loaded by the caller before its waits (read here, the global load's
-  // latency sat at the head of every tile's softmax)
+  // km: tile j's K scale, loaded by the caller before its waits, not at the head of the
+  // softmax (timing unchanged, kernels/NOTES.md v3 item 11c)
   auto softmax = [&](int j, float km, float (&s)[64], uint32_t (&a)[T::PSTEPS][4], float (&alpha)[2]) {
     const int key0 = j * BC;
     if (key0 + BC > nvis_min) {  // keys past a row's visible range score −inf
@@ -403,7 +404,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // both ways (kernels/NOTES.md v3 item 11): the split is 1-2 % faster for Fused u8 and
     // MXFP4, 1-3 % slower for exact BF16 and exp->E4M3. (A full tree over 16 pairs per row
     // went to local memory: 128-byte stack frame, 1.5x slower.)
-    float rmax[2] = {NEG_INF, NEG_INF};
+    float rmax[2];  // Fused-Softmax only
     if constexpr (MODE == 1 || MODE == 2) {
       float v[2][4];
 #pragma unroll

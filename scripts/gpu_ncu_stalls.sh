@@ -8,7 +8,8 @@
 #                the replayed passes stay short; the loop is the same as at 75 600 keys)
 #   NCU_TAG      file name tag (default fused_u8)
 # Output in $OUT: ncu_<tag>.ncu-rep, ncu_<tag>_details.txt (sections, stall table),
-# ncu_<tag>_sass.csv (per-instruction samples).
+# ncu_<tag>_sass.csv (per-instruction samples), ncu_<tag>_by_instruction.txt (its summary by
+# scripts/ncu_sass_summary.py: shares by stall reason, by opcode, the top instructions).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 FILTER=${NCU_FILTER:-"fused-softmax u8, MXFP8 QK, FP8 V"}
@@ -43,4 +44,5 @@ for h, v in zip(hdr, vals):
 for v, h in sorted(out, reverse=True)[:14]:
     print(f"{v:8.3f}  {h.replace('smsp__average_warps_issue_stalled_', '').replace('_per_issue_active.ratio', '')}")
 EOF
+python3 scripts/ncu_sass_summary.py "$OUT/ncu_${TAG}_sass.csv" > "$OUT/ncu_${TAG}_by_instruction.txt" 2>&1
 grep -E "Duration|Warp Cycles Per Issued|Eligible Warps|Issued Warp|Registers Per" "$OUT/ncu_${TAG}_details.txt" | head -12
