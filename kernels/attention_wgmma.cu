@@ -1,4 +1,4 @@
-// Hopper attention on wgmma (sm_90a), head dim 128. A CTA holds 128 query rows: two
+// Hopper attention on wgmma (sm_90a), head dims 64 and 128. A CTA holds 128 query rows: two
 // consumer warpgroups of 64 rows each and one producer warp. The producer streams K and Vᵀ
 // tiles of 128 keys with bulk async copies (the TMA engine, 1-D: the operands are packed in
 // global memory already in the 128-byte-swizzled layout wgmma reads) into a ring of
@@ -18,7 +18,7 @@
 // * BF16 (exact softmax): the same loop with exp2 on the MUFU pipe.
 //
 // L (the row sum) comes out of the PV MMA itself: Vᵀ in shared memory carries an extra
-// ones row (N = 136), so L is summed from exactly the P operand that multiplies V. Each
+// ones row (N = D + 8: 136, or 72 at D = 64), so L is summed from exactly the P operand that multiplies V. Each
 // tile's PV product lands in fresh accumulators and is added to O in f32, so the long
 // sums over keys keep f32 accumulation (Hopper's FP8 MMA accumulates internally with
 // fewer bits). Scores come from one FP8 MMA per 32 channels, so they carry that internal
@@ -31,7 +31,6 @@
 // wgmma is NVIDIA Hopper PTX; AMD builds take the portable kernels for every call.
 extern "C" int mxa_attention_wgmma_supported(const AttnParams*) { return 0; }
 extern "C" int mxa_wgmma_available() { return 0; }
-extern "C" int mxa_wgmma_head_dim() { return 128; }
 extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
 extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
@@ -91,11 +90,22 @@ static __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
          ((uint64_t)1 << 62);
 }
+// The same for 64-byte rows (FP8 Q/K at D = 64): 64-byte swizzle, 8-row atoms 512 bytes apart.
+static __device__ __forceinline__ uint64_t desc_sw64(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) |
+         ((uint64_t)2 << 62);
+}
+template <int SPAN>
+static __device__ __forceinline__ uint64_t desc_sw(uint32_t saddr) {
+  if constexpr (SPAN == 64) return desc_sw64(saddr);
+  else return desc_sw128(saddr);
+}
 
 // Accumulator rows: element 4i + {0,1} is row g, 4i + {2,3} row g + 8.
-static __device__ __forceinline__ void scale_rows(float (&o)[68], const float (&alpha)[2]) {
+template <int N>
+static __device__ __forceinline__ void scale_rows(float (&o)[N], const float (&alpha)[2]) {
 #pragma unroll
-  for (int i = 0; i < 68; i++) o[i] *= alpha[(i >> 1) & 1];
+  for (int i = 0; i < N; i++) o[i] *= alpha[(i >> 1) & 1];
 }
 
 static __device__ __forceinline__ float quad_max(float v) {
@@ -174,13 +184,17 @@ constexpr int CONSUMERS = 2;                    // warpgroups of 64 rows
 constexpr int THREADS = (CONSUMERS + 1) * 128;  // + the producer warpgroup (last)
 constexpr int ROWS = CONSUMERS * BR;            // query rows per CTA
 
-template <bool FP8>
+template <bool FP8, int D>
 struct Tile {
+  static_assert(head_dim_ok(D), "head dim");
   static constexpr int ES = FP8 ? 1 : 2;      // bytes per element
   static constexpr int BC = BC_ALL;           // keys per KV tile
   static constexpr int STAGES = FP8 ? STAGES_FP8 : STAGES_BF16;
-  static constexpr int CB = D * ES / 128;     // 128-byte column blocks of a Q/K row
-  static constexpr int VCB = BC * ES / 128;   // column blocks of a Vᵀ row
+  static constexpr int SPAN = row_span(D * ES);  // swizzle span of a Q/K row: 128 or 64 bytes
+  static constexpr int CB = D * ES / SPAN;    // column blocks of a Q/K row
+  static constexpr int VCB = BC * ES / 128;   // 128-byte column blocks of a Vᵀ row
+  static constexpr int VROWS = vrows(D);
+  static constexpr int NACC = VROWS / 2;      // PV accumulators per thread (N = VROWS)
   static constexpr int KSTEPS = D * ES / 32;  // QK k-steps (32 bytes each)
   static constexpr int PSTEPS = BC * ES / 32;  // PV k-steps
   static constexpr int Q_BYTES = ROWS * D * ES;
@@ -188,7 +202,7 @@ struct Tile {
   static constexpr int VT_BYTES = BC * D * ES;          // one packed Vᵀ tile in global
   static constexpr int V_STAGE = VCB * VROWS * 128;      // with the ones/zero rows
   static constexpr int O_OFF = Q_BYTES + STAGES * (K_BYTES + V_STAGE);
-  static constexpr int O_BYTES = FP8 ? CONSUMERS * 68 * 128 * 4 : 0;  // FP8: O in f32 (see kernel)
+  static constexpr int O_BYTES = FP8 ? CONSUMERS * NACC * 128 * 4 : 0;  // FP8: O in f32 (see kernel)
   static constexpr int BAR_OFF = O_OFF + O_BYTES;
   static constexpr int SMEM = BAR_OFF + 8 * (4 * STAGES + 1);
 };
@@ -223,30 +237,39 @@ static __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, 
                : "memory");
 }
 
-template <bool FP8>
+template <bool FP8, int D>
 static __device__ __forceinline__ void qk_mma(float (&s)[64], uint32_t q_s, uint32_t k_s) {
-  using T = Tile<FP8>;
+  using T = Tile<FP8, D>;
+  constexpr int SPAN = T::SPAN;
 #pragma unroll
   for (int kk = 0; kk < T::KSTEPS; kk++) {
-    const int cb = (kk * 32) / 128, off = (kk * 32) % 128;
-    const uint64_t da = desc_sw128(q_s + cb * BR * 128 + off);
-    const uint64_t db = desc_sw128(k_s + cb * T::BC * 128 + off);
+    const int cb = (kk * 32) / SPAN, off = (kk * 32) % SPAN;
+    const uint64_t da = desc_sw<SPAN>(q_s + cb * BR * SPAN + off);
+    const uint64_t db = desc_sw<SPAN>(k_s + cb * T::BC * SPAN + off);
     if constexpr (FP8) wgmma_ss_m64n128k32_e4m3(s, da, db, kk > 0);
     else wgmma_ss_m64n128k16_bf16(s, da, db, kk > 0);
   }
 }
 
-template <bool FP8, bool P_E5M2>
-static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a)[Tile<FP8>::PSTEPS][4],
-                                              uint32_t v_s, bool accumulate) {
-  using T = Tile<FP8>;
+template <bool FP8, int D, bool P_E5M2>
+static __device__ __forceinline__ void pv_mma(float (&o)[Tile<FP8, D>::NACC],
+                                              const uint32_t (&a)[Tile<FP8, D>::PSTEPS][4], uint32_t v_s,
+                                              bool accumulate) {
+  using T = Tile<FP8, D>;
 #pragma unroll
   for (int kk = 0; kk < T::PSTEPS; kk++) {
     const int cb = (kk * 32) / 128, off = (kk * 32) % 128;
-    const uint64_t db = desc_sw128(v_s + cb * VROWS * 128 + off);
-    if constexpr (FP8 && P_E5M2) wgmma_rs_m64n136k32_e5m2_e4m3(o, a[kk], db, accumulate || kk > 0);
-    else if constexpr (FP8) wgmma_rs_m64n136k32_e4m3(o, a[kk], db, accumulate || kk > 0);
-    else wgmma_rs_m64n136k16_bf16(o, a[kk], db, accumulate || kk > 0);
+    const uint64_t db = desc_sw128(v_s + cb * T::VROWS * 128 + off);
+    const bool acc = accumulate || kk > 0;
+    if constexpr (D == 128) {
+      if constexpr (FP8 && P_E5M2) wgmma_rs_m64n136k32_e5m2_e4m3(o, a[kk], db, acc);
+      else if constexpr (FP8) wgmma_rs_m64n136k32_e4m3(o, a[kk], db, acc);
+      else wgmma_rs_m64n136k16_bf16(o, a[kk], db, acc);
+    } else {
+      if constexpr (FP8 && P_E5M2) wgmma_rs_m64n72k32_e5m2_e4m3(o, a[kk], db, acc);
+      else if constexpr (FP8) wgmma_rs_m64n72k32_e4m3(o, a[kk], db, acc);
+      else wgmma_rs_m64n72k16_bf16(o, a[kk], db, acc);
+    }
   }
 }
 
@@ -254,7 +277,7 @@ static __device__ __forceinline__ void pv_mma(float (&o)[68], const uint32_t (&a
 // 3 exp then E4M3 P, 4 EFQ, 5 exp then MX P in E5M2 bytes, 6 exp then MX P in E4M3 bytes
 // (PBytes above). SUB: for MODE 4 the EFQ rule (efq_variant), for MODES 5 and 6 P's element
 // format, as compile-time constants (sub_of: one per-element path per instance).
-template <bool FP8, int MODE, int SUB>
+template <bool FP8, int D, int MODE, int SUB>
 __global__ void __launch_bounds__(THREADS, 1)
     attention_wgmma_kernel(AttnParams P, const uint8_t* __restrict__ q, const float* __restrict__ qmul,
                            const uint8_t* __restrict__ k, const float* __restrict__ kmul,
@@ -265,8 +288,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // launches the kernel there (mxa_attention_wgmma_supported), so an empty body suffices.
   __trap();
 #else
-  using T = Tile<FP8>;
-  constexpr int BC = T::BC;
+  using T = Tile<FP8, D>;
+  constexpr int BC = T::BC, VROWS = T::VROWS, NACC = T::NACC;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t q_s = smem_u32(smem), k_s = q_s + T::Q_BYTES, v_s = k_s + T::STAGES * T::K_BYTES;
   // mbarriers: K full/empty, V full/empty (one per stage each), Q
@@ -367,18 +390,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   // O: for BF16 in registers (the MMA accumulates in f32). FP8 MMAs sum with fewer bits
   // (relative to the largest addend, the accumulator included), so for FP8 the MMA
   // accumulates runs of at most RUN tiles (16 k-steps) in `acc`, and O, in f32 in shared
-  // memory (this thread's 68 values at stride 128, conflict-free), takes each run.
+  // memory (this thread's NACC values at stride 128, conflict-free), takes each run.
   constexpr int RUN = 4;
   // Softmax of tile j while PV(j−1) runs needs two P register sets: room for FP8's 16
   // registers each, not for BF16's 32 beside its accumulators.
   constexpr bool OVERLAP = FP8;
-  float acc[68];
+  float acc[NACC];
 #pragma unroll
-  for (int i = 0; i < 68; i++) acc[i] = 0.0f;
-  float* o_sm = (float*)(smem + T::O_OFF) + wg * 68 * 128 + (tid % 128);
+  for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+  float* o_sm = (float*)(smem + T::O_OFF) + wg * NACC * 128 + (tid % 128);
   if (FP8) {
 #pragma unroll
-    for (int i = 0; i < 68; i++) o_sm[i * 128] = 0.0f;
+    for (int i = 0; i < NACC; i++) o_sm[i * 128] = 0.0f;
   }
   mbar_wait(q_bar, 0);
 
@@ -572,7 +595,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     scale_rows(acc, alpha);
     if (FP8) {
 #pragma unroll
-      for (int i = 0; i < 68; i++) o_sm[i * 128] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < NACC; i++) o_sm[i * 128] *= alpha[(i >> 1) & 1];
     }
   };
 
@@ -597,16 +620,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     // slower (kernels/NOTES.md v3 item 11).
     if (HAS_PV && fresh && jp > 0) {
 #pragma unroll
-      for (int i = 0; i < 68; i++) o_sm[i * 128] += acc[i];
+      for (int i = 0; i < NACC; i++) o_sm[i * 128] += acc[i];
     }
     float s[64];
     wgmma_fence();
     if constexpr (HAS_QK) {
-      qk_mma<FP8>(s, qw_s, k_s + (j % T::STAGES) * T::K_BYTES);
+      qk_mma<FP8, D>(s, qw_s, k_s + (j % T::STAGES) * T::K_BYTES);
       wgmma_commit();
     }
     if constexpr (HAS_PV) {
-      pv_mma<FP8, PBytes<MODE>::E5M2>(acc, a_in, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
+      pv_mma<FP8, D, PBytes<MODE>::E5M2>(acc, a_in, v_s + (jp % T::STAGES) * T::V_STAGE, !fresh);
       wgmma_commit();
     }
     if (!(wg == 1 && !HAS_QK)) named_bar_arrive(other_bar, CONSUMERS * 128);
@@ -649,22 +672,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   } else {
     run_slot(0, a0, a1, al0, no{}, no{});  // keeps the turn handshake balanced
   }
-  float o[68];
+  float o[NACC];
 #pragma unroll
-  for (int i = 0; i < 68; i++) o[i] = FP8 ? o_sm[i * 128] + acc[i] : acc[i];
+  for (int i = 0; i < NACC; i++) o[i] = FP8 ? o_sm[i * 128] + acc[i] : acc[i];
 
   // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
   const int64_t stride = P.with_lse ? D + 1 : D;
   const float* vsc = vscale ? vscale + ((int64_t)bb * P.hkv + kvh) * D : nullptr;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    const float l = __shfl_sync(0xffffffffu, o[64 + 2 * r], lane & ~3);
+    const float l = __shfl_sync(0xffffffffu, o[D / 2 + 2 * r], lane & ~3);
     const int i = row0 + 8 * r;
     if (i >= P.sq) continue;
     const int64_t row = ((int64_t)bb * P.hq + h) * P.sq + i;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-    for (int n = 0; n < 16; n++) {
+    for (int n = 0; n < D / 8; n++) {
 #pragma unroll
       for (int c = 0; c < 2; c++) {
         const int ch = n * 8 + 2 * t + c;
@@ -703,12 +726,12 @@ static bool fp8_operand(const OperandFmt& f) {
   return f.kind == OPK_MX || (f.kind == OPK_PER_CHANNEL && f.elem == FMT_E4M3);
 }
 
-template <bool FP8, int MODE, int SUB = 0>
+template <bool FP8, int D, int MODE, int SUB = 0>
 static int launch(const AttnParams* P, const void* q, const float* qmul, const void* k, const float* kmul,
                   const void* vt, const float* vscale, int sq_pad, int sk_pad, void* out,
                   unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
-  auto kern = attention_wgmma_kernel<FP8, MODE, SUB>;
-  const int smem = Tile<FP8>::SMEM;
+  auto kern = attention_wgmma_kernel<FP8, D, MODE, SUB>;
+  const int smem = Tile<FP8, D>::SMEM;
   if (gpuFuncSetMaxDynamicSmem(kern, smem) != GPU_SUCCESS) return MXA_ERR_SMEM;
   const int64_t grid = (int64_t)(sq_pad / ROWS) * P->hq * P->b;
   kern<<<(unsigned)grid, THREADS, smem, stream>>>(*P, (const uint8_t*)q, qmul, (const uint8_t*)k, kmul,
@@ -733,7 +756,7 @@ extern "C" int mxa_wgmma_available() { return wgmma_runs_here() ? 1 : 0; }
 // 0: not taken; 1: BF16 operands (exact softmax); 2: FP8 E4M3 operands.
 extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
   if (!wgmma_runs_here()) return 0;
-  if (P->d != wg::D || P->hkv <= 0 || P->hq % P->hkv != 0) return 0;
+  if (!wg::head_dim_ok(P->d) || P->hkv <= 0 || P->hq % P->hkv != 0) return 0;
   const bool native = (P->qk.kind == OPK_NATIVE || P->qk.kind == OPK_BF16) &&
                       (P->v.kind == OPK_NATIVE || P->v.kind == OPK_BF16);
   if (P->algo == ALGO_EXACT && P->p_kind == PROB_F32 && native) return 1;
@@ -750,7 +773,6 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
 }
 
 // Row and key padding the packed operands need, and Q's packed block (one warpgroup's rows).
-extern "C" int mxa_wgmma_head_dim() { return wg::D; }
 extern "C" int mxa_wgmma_rows_per_cta() { return wg::ROWS; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return wg::BR; }
 extern "C" int mxa_wgmma_keys_per_tile() { return wg::BC_ALL; }
@@ -761,29 +783,36 @@ extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const flo
   const int kind = mxa_attention_wgmma_supported(P);
   if (kind == 0 || sq_pad % wg::ROWS != 0 || sk_pad % wg::BC_ALL != 0) return MXA_ERR_ARGS;
   if ((int64_t)(sq_pad / wg::ROWS) * P->hq * P->b == 0) return MXA_OK;
-  switch (wg::mode_of(P)) {
-    case 0: return wg::launch<false, 0>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 1: return wg::launch<true, 1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 2: return wg::launch<true, 2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 3: return wg::launch<true, 3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-    case 4:
-      switch (efq_variant(*P)) {
-        case EFQV_TABLE: return wg::launch<true, 4, EFQV_TABLE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        case EFQ_LUT: return wg::launch<true, 4, EFQ_LUT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        case EFQ_TWO_PIECE: return wg::launch<true, 4, EFQ_TWO_PIECE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        case EFQ_EXACT: return wg::launch<true, 4, EFQ_EXACT>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        default: return wg::launch<true, 4, EFQ_AFFINE>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-      }
-    case 5:
-      switch (P->p_elem) {
-        case FMT_E2M1: return wg::launch<true, 5, FMT_E2M1>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        case FMT_E3M2: return wg::launch<true, 5, FMT_E3M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-        default: return wg::launch<true, 5, FMT_E5M2>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-      }
-    default:
-      if (P->p_elem == FMT_E2M3)
-        return wg::launch<true, 6, FMT_E2M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-      return wg::launch<true, 6, FMT_E4M3>(P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream);
-  }
+  // the kernel's head dims (wg::head_dim_ok), D as a compile-time constant
+  auto run = [&](auto dc) -> int {
+    constexpr int D = decltype(dc)::value;
+#define ARGS P, q, qmul, k, kmul, vt, vscale, sq_pad, sk_pad, out, rollbacks, bad, stream
+    switch (wg::mode_of(P)) {
+      case 0: return wg::launch<false, D, 0>(ARGS);
+      case 1: return wg::launch<true, D, 1>(ARGS);
+      case 2: return wg::launch<true, D, 2>(ARGS);
+      case 3: return wg::launch<true, D, 3>(ARGS);
+      case 4:
+        switch (efq_variant(*P)) {
+          case EFQV_TABLE: return wg::launch<true, D, 4, EFQV_TABLE>(ARGS);
+          case EFQ_LUT: return wg::launch<true, D, 4, EFQ_LUT>(ARGS);
+          case EFQ_TWO_PIECE: return wg::launch<true, D, 4, EFQ_TWO_PIECE>(ARGS);
+          case EFQ_EXACT: return wg::launch<true, D, 4, EFQ_EXACT>(ARGS);
+          default: return wg::launch<true, D, 4, EFQ_AFFINE>(ARGS);
+        }
+      case 5:
+        switch (P->p_elem) {
+          case FMT_E2M1: return wg::launch<true, D, 5, FMT_E2M1>(ARGS);
+          case FMT_E3M2: return wg::launch<true, D, 5, FMT_E3M2>(ARGS);
+          default: return wg::launch<true, D, 5, FMT_E5M2>(ARGS);
+        }
+      default:
+        if (P->p_elem == FMT_E2M3)
+          return wg::launch<true, D, 6, FMT_E2M3>(ARGS);
+        return wg::launch<true, D, 6, FMT_E4M3>(ARGS);
+    }
+#undef ARGS
+  };
+  return P->d == 64 ? run(std::integral_constant<int, 64>{}) : run(std::integral_constant<int, 128>{});
 }
 #endif  // !__HIPCC__

@@ -17,10 +17,10 @@
 
 #if defined(__HIPCC__)
 // No wgmma kernel on AMD, so nothing to pack for it.
-extern "C" int mxa_pack_rows(const float*, int64_t, int, int, int, int, int, void*, float*, gpuStream_t) {
+extern "C" int mxa_pack_rows(const float*, int64_t, int, int, int, int, int, int, void*, float*, gpuStream_t) {
   return MXA_ERR_ARGS;
 }
-extern "C" int mxa_pack_vt(const float*, int64_t, int, int, int, const float*, void*, float*, gpuStream_t) {
+extern "C" int mxa_pack_vt(const float*, int64_t, int, int, int, int, const float*, void*, float*, gpuStream_t) {
   return MXA_ERR_ARGS;
 }
 extern "C" int mxa_pack_direct_supported(const AttnParams*, int) { return 0; }
@@ -33,6 +33,7 @@ extern "C" int mxa_pack_v_direct(const AttnParams*, const void*, int, int, void*
 }
 #else
 #include <cuda_fp8.h>
+#include <type_traits>
 #include "wgmma_layout.cuh"
 
 namespace wg {
@@ -42,6 +43,7 @@ namespace wg {
 // Rows of D f32 → E4M3 with one power-of-two scale per `group` rows (FP8), or → bf16,
 // into tiles of `tile` rows (tile a multiple of group). Rows past `rows` (up to rows_pad)
 // are zero. One block per (group, head).
+template <int D>
 __global__ void pack_rows_kernel(const float* __restrict__ src, int rows, int rows_pad, int group, int tile, int fp8,
                                  uint8_t* __restrict__ dst, float* __restrict__ scales) {
   const int head = blockIdx.y;
@@ -74,13 +76,14 @@ __global__ void pack_rows_kernel(const float* __restrict__ src, int rows, int ro
     const int r = r0 + i / D, c = i % D;
     const float x = r < rows ? s[(int64_t)r * D + c] * inv : 0.0f;
     uint8_t* t = dh + (int64_t)(r / tile) * tile * D * es;
-    const int64_t o = tile_off(tile, r % tile, c * es);
+    const int64_t o = tile_off(tile, D * es, r % tile, c * es);
     if (fp8) t[o] = (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
     else *(bf16_t*)(t + o) = __float2bfloat16_rn(x);
   }
 }
 
 // Largest |v| per (head, channel), as f32 bits (non-negative floats order like integers).
+template <int D>
 __global__ void channel_amax_kernel(const float* __restrict__ src, int rows, int chunk, unsigned* __restrict__ amax) {
   const int head = blockIdx.y, c = threadIdx.x;
   const float* s = src + (int64_t)head * rows * D;
@@ -98,7 +101,7 @@ __global__ void channel_scale_kernel(const unsigned* __restrict__ amax, int n, f
 // V [rows, D] f32 → packed Vᵀ tiles: E4M3 codes of v / scale[c] (divide) or of v as given,
 // keys permuted per 32-key group (FP8), or bf16 in key order. One block of D threads per
 // 32 keys; thread c writes its channel's 32 keys.
-template <bool FP8>
+template <int D, bool FP8>
 __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows_pad, const float* __restrict__ scale,
                                int divide, uint8_t* __restrict__ dst) {
   constexpr int ES = FP8 ? 1 : 2;
@@ -129,29 +132,32 @@ __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows
   }
 #pragma unroll
   for (int i = 0; i < 2 * ES; i++)  // 16-byte chunks
-    *(uint4*)(t + tile_off(D, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    *(uint4*)(t + tile_off(D, BC_ALL * ES, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
 
 // ---------------------------------------------------------------- direct: inputs → packed
 
-// Q or K, TILE rows of one head per CTA of 8 warps; warp w takes rows w, w + 8, …; lane l
-// holds channels 4l..4l+3, so an MX block of B channels lives on B/4 adjacent lanes and
-// the Hadamard butterfly pairs lanes by XOR. Scale per row (Q: PER_ROW) or one per tile
-// (K). Same arithmetic as prep_qk_kernel followed by pack_rows_kernel.
-template <int TILE, bool PER_ROW>
+// Q or K, TILE rows of one head per CTA of 8 warps. A row lives on LPR = D/4 adjacent lanes,
+// lane l holding channels 4(l mod LPR)..+3, so an MX block of B channels lives on B/4
+// adjacent lanes and the Hadamard butterfly pairs lanes by XOR; a warp takes RPI = 32/LPR
+// rows at once (D = 128: one; D = 64: two, one per half-warp): warp w's rows are
+// RPI·(w + 8i) + l / LPR. Scale per row (Q: PER_ROW) or one per tile (K). Same arithmetic
+// as prep_qk_kernel followed by pack_rows_kernel.
+template <int D, int TILE, bool PER_ROW>
 __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restrict__ src, int dtype, int rows,
                                                              float q_scale, int hadamard, float hscale, OperandFmt fmt,
                                                              int fp8, uint8_t* __restrict__ dst,
                                                              float* __restrict__ scales, int* __restrict__ bad) {
-  constexpr int RPW = TILE / 8;
+  constexpr int LPR = D / 4, RPI = 32 / LPR, RPW = TILE / (8 * RPI);
   const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int sub = lane / LPR, cl = lane % LPR;  // row within the warp's RPI, lane within the row
   const int r0 = blockIdx.x * TILE;
   float x[RPW][4];
   bool nonfinite = false;
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
-    const int r = r0 + warp + 8 * i;
-    const int64_t base = ((int64_t)head * rows + r) * D + 4 * lane;
+    const int r = r0 + RPI * (warp + 8 * i) + sub;
+    const int64_t base = ((int64_t)head * rows + r) * D + 4 * cl;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       float v = r < rows ? load_val(src, base + j, dtype) : 0.0f;
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
               x[i][j + h] = a - b;
             }
         } else {
-          const bool upper = lane & (h / 4);  // this lane holds the i + h half of its pairs
+          const bool upper = cl & (h / 4);  // this lane holds the i + h half of its pairs
 #pragma unroll
           for (int j = 0; j < 4; j++) {
             const float other = SHFL_XOR(x[i][j], h / 4);
@@ -205,20 +211,22 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
     for (int i = 0; i < RPW; i++) {
       am[i] = fmaxf(fmaxf(fabsf(x[i][0]), fabsf(x[i][1])), fmaxf(fabsf(x[i][2]), fabsf(x[i][3])));
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) am[i] = fmaxf(am[i], SHFL_XOR(am[i], o));
+      for (int o = LPR / 2; o > 0; o >>= 1) am[i] = fmaxf(am[i], SHFL_XOR(am[i], o));
     }
     if (PER_ROW) {
 #pragma unroll
       for (int i = 0; i < RPW; i++) {
         const int e = e4m3_fit_exp(am[i]);
         inv[i] = ldexpf(1.0f, -e);
-        if (lane == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + warp + 8 * i] = ldexpf(1.0f, e);
+        if (cl == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + RPI * (warp + 8 * i) + sub] = ldexpf(1.0f, e);
       }
     } else {
       __shared__ float red[8];
       float a = 0.0f;
 #pragma unroll
       for (int i = 0; i < RPW; i++) a = fmaxf(a, am[i]);
+#pragma unroll
+      for (int o = LPR; o < 32; o *= 2) a = fmaxf(a, SHFL_XOR(a, o));  // the warp's other rows
       if (lane == 0) red[warp] = a;
       __syncthreads();
       a = red[0];
@@ -233,15 +241,15 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
   uint8_t* t = dst + ((int64_t)head * gridDim.x + blockIdx.x) * TILE * D * (fp8 ? 1 : 2);
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
-    const int r = warp + 8 * i;
+    const int r = RPI * (warp + 8 * i) + sub;
     if (fp8) {
       uint32_t w = 0;
 #pragma unroll
       for (int j = 0; j < 4; j++)
         w |= (uint32_t)__nv_cvt_float_to_fp8(x[i][j] * inv[i], __NV_SATFINITE, __NV_E4M3) << (8 * j);
-      *(uint32_t*)(t + tile_off(TILE, r, 4 * lane)) = w;
+      *(uint32_t*)(t + tile_off(TILE, D, r, 4 * cl)) = w;
     } else {
-      *(uint2*)(t + tile_off(TILE, r, 8 * lane)) =
+      *(uint2*)(t + tile_off(TILE, 2 * D, r, 8 * cl)) =
           make_uint2(pack_bf16(x[i][0], x[i][1]), pack_bf16(x[i][2], x[i][3]));
     }
   }
@@ -253,7 +261,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
 // for the channel scale; else write the packed Vᵀ bytes (FP8, keys permuted: MX V as
 // v / scale[c] with the power-of-two scale; per-channel FP8 V as its codes of v / scale[c],
 // prep_v_channel_kernel's arithmetic, the scale applied after PV).
-template <bool FP8, bool AMAX>
+template <int D, bool FP8, bool AMAX>
 __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, int rows, int hkv,
                                      const int32_t* __restrict__ kv_lens, OperandFmt fmt, unsigned* __restrict__ amax,
                                      const float* __restrict__ scale, uint8_t* __restrict__ dst,
@@ -315,7 +323,7 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
   }
 #pragma unroll
   for (int i = 0; i < 2 * ES; i++)
-    *(uint4*)(t + tile_off(D, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    *(uint4*)(t + tile_off(D, BC_ALL * ES, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
 
 // Per-channel FP8 V's scales from the amax bits, in place: amax / max_normal, or 1 for an
@@ -329,54 +337,68 @@ __global__ void per_channel_scale_kernel(int n, int elem, float* __restrict__ sc
 
 }  // namespace wg
 
+// The head dims the kernels are instantiated for (wg::head_dim_ok): calls f with D as a
+// compile-time constant.
+template <typename F>
+static int with_head_dim(int d, F f) {
+  if (d == 64) return f(std::integral_constant<int, 64>{});
+  if (d == 128) return f(std::integral_constant<int, 128>{});
+  return MXA_ERR_ARGS;
+}
+
 // group: rows per FP8 scale (1 for Q, keys per tile for K); tile: rows per packed tile
-// (one warpgroup's query rows for Q, keys per tile for K).
+// (one warpgroup's query rows for Q, keys per tile for K); d: the head dim.
 extern "C" int mxa_pack_rows(const float* src, int64_t heads, int rows, int rows_pad, int group, int tile, int fp8,
-                             void* dst, float* scales, gpuStream_t stream) {
+                             int d, void* dst, float* scales, gpuStream_t stream) {
   if (heads <= 0 || rows_pad <= 0) return MXA_OK;
   if (rows_pad % tile != 0 || tile % group != 0 || heads > 65535) return MXA_ERR_ARGS;
   dim3 grid((unsigned)(rows_pad / group), (unsigned)heads);
-  wg::pack_rows_kernel<<<grid, group == 1 ? 128 : 256, 0, stream>>>(src, rows, rows_pad, group, tile, fp8,
-                                                                     (uint8_t*)dst, scales);
-  return mxa_status();
+  return with_head_dim(d, [&](auto dc) {
+    wg::pack_rows_kernel<decltype(dc)::value><<<grid, group == 1 ? 128 : 256, 0, stream>>>(
+        src, rows, rows_pad, group, tile, fp8, (uint8_t*)dst, scales);
+    return mxa_status();
+  });
 }
 
 // chscale: the per-channel scales of FP8 per-channel V (its values are already on the E4M3
 // grid), or null to derive a power-of-two scale per channel from the values.
-extern "C" int mxa_pack_vt(const float* src, int64_t heads, int rows, int rows_pad, int fp8, const float* chscale,
-                           void* dst, float* vscale, gpuStream_t stream) {
+extern "C" int mxa_pack_vt(const float* src, int64_t heads, int rows, int rows_pad, int fp8, int d,
+                           const float* chscale, void* dst, float* vscale, gpuStream_t stream) {
   if (heads <= 0 || rows_pad <= 0) return MXA_OK;
   if (rows_pad % wg::BC_ALL != 0 || heads > 65535) return MXA_ERR_ARGS;
-  const int n = (int)heads * wg::D;
-  dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
-  if (fp8) {
-    if (chscale) {
-      if (cudaMemcpyAsync(vscale, chscale, n * sizeof(float), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
-        return MXA_ERR_LAUNCH;
+  return with_head_dim(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    const int n = (int)heads * D;
+    dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
+    if (fp8) {
+      if (chscale) {
+        if (cudaMemcpyAsync(vscale, chscale, n * sizeof(float), cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+          return MXA_ERR_LAUNCH;
+      } else {
+        unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
+        if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
+        const int chunk = 512;
+        dim3 g1((unsigned)((rows + chunk - 1) / chunk), (unsigned)heads);
+        if (rows > 0) wg::channel_amax_kernel<D><<<g1, D, 0, stream>>>(src, rows, chunk, amax);
+        wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
+      }
+      wg::pack_vt_kernel<D, true><<<grid, D, 0, stream>>>(src, rows, rows_pad, vscale, chscale == nullptr,
+                                                          (uint8_t*)dst);
     } else {
-      unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
-      if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
-      const int chunk = 512;
-      dim3 g1((unsigned)((rows + chunk - 1) / chunk), (unsigned)heads);
-      if (rows > 0) wg::channel_amax_kernel<<<g1, wg::D, 0, stream>>>(src, rows, chunk, amax);
-      wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
+      wg::pack_vt_kernel<D, false><<<grid, D, 0, stream>>>(src, rows, rows_pad, nullptr, 0, (uint8_t*)dst);
     }
-    wg::pack_vt_kernel<true><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, vscale, chscale == nullptr,
-                                                         (uint8_t*)dst);
-  } else {
-    wg::pack_vt_kernel<false><<<grid, wg::D, 0, stream>>>(src, rows, rows_pad, nullptr, 0, (uint8_t*)dst);
-  }
-  return mxa_status();
+    return mxa_status();
+  });
 }
 
-// Bit 1: Q and K can be packed directly; bit 2: V can. Needs head dim 128 (the kernel's),
+// Bit 1: Q and K can be packed directly; bit 2: V can. Needs a head dim of the kernel's,
 // MX blocks of Q/K that tile a row on whole lanes, and V native or bf16 (BF16 kernel), or
 // MX in blocks of 32 keys or per-channel E4M3 (FP8 kernel).
 extern "C" int mxa_pack_direct_supported(const AttnParams* P, int fp8) {
-  if (P->d != wg::D) return 0;
+  if (!wg::head_dim_ok(P->d)) return 0;
   int r = 0;
   const OperandFmt& f = P->qk;
-  if (f.kind != OPK_MX || (f.block >= 4 && f.block <= wg::D && (f.block & (f.block - 1)) == 0)) r |= 1;
+  if (f.kind != OPK_MX || (f.block >= 4 && f.block <= P->d && (f.block & (f.block - 1)) == 0)) r |= 1;
   const OperandFmt& v = P->v;
   const bool fp8_v = (v.kind == OPK_MX && v.block == 32) || (v.kind == OPK_PER_CHANNEL && v.elem == FMT_E4M3);
   if (fp8 ? fp8_v : (v.kind == OPK_NATIVE || v.kind == OPK_BF16)) r |= 2;
@@ -394,13 +416,16 @@ extern "C" int mxa_pack_qk_direct(const AttnParams* P, const void* src, int64_t 
   if (rows_pad % tile != 0) return MXA_ERR_ARGS;
   dim3 grid((unsigned)(rows_pad / tile), (unsigned)heads);
   const float qs = is_q ? P->q_scale : 1.0f;
-  if (is_q)
-    wg::pack_qk_direct_kernel<wg::BR, true><<<grid, 256, 0, stream>>>(
-        src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
-  else
-    wg::pack_qk_direct_kernel<wg::BC_ALL, false><<<grid, 256, 0, stream>>>(
-        src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
-  return mxa_status();
+  return with_head_dim(P->d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (is_q)
+      wg::pack_qk_direct_kernel<D, wg::BR, true><<<grid, 256, 0, stream>>>(
+          src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+    else
+      wg::pack_qk_direct_kernel<D, wg::BC_ALL, false><<<grid, 256, 0, stream>>>(
+          src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+    return mxa_status();
+  });
 }
 
 // V of b · hkv heads of sk keys (P's geometry) into packed Vᵀ of rows_pad keys per head;
@@ -412,22 +437,25 @@ extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_
   if (heads <= 0 || rows_pad <= 0) return MXA_OK;
   if (!(mxa_pack_direct_supported(P, fp8) & 2) || rows_pad % wg::BC_ALL != 0 || heads > 65535) return MXA_ERR_ARGS;
   dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
-  if (fp8) {
-    const int n = (int)heads * wg::D;
-    unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
-    if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
-    wg::pack_v_direct_kernel<true, true><<<grid, wg::D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
-                                                                     P->v, amax, nullptr, nullptr, bad);
-    if (P->v.kind == OPK_PER_CHANNEL)
-      wg::per_channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(n, P->v.elem, vscale);
-    else
-      wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
-    wg::pack_v_direct_kernel<true, false><<<grid, wg::D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
-                                                                      P->v, nullptr, vscale, (uint8_t*)dst, bad);
-  } else {
-    wg::pack_v_direct_kernel<false, false><<<grid, wg::D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
-                                                                       P->v, nullptr, nullptr, (uint8_t*)dst, bad);
-  }
-  return mxa_status();
+  return with_head_dim(P->d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (fp8) {
+      const int n = (int)heads * D;
+      unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
+      if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
+      wg::pack_v_direct_kernel<D, true, true><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+                                                                      P->v, amax, nullptr, nullptr, bad);
+      if (P->v.kind == OPK_PER_CHANNEL)
+        wg::per_channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(n, P->v.elem, vscale);
+      else
+        wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
+      wg::pack_v_direct_kernel<D, true, false><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+                                                                       P->v, nullptr, vscale, (uint8_t*)dst, bad);
+    } else {
+      wg::pack_v_direct_kernel<D, false, false><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+                                                                        P->v, nullptr, nullptr, (uint8_t*)dst, bad);
+    }
+    return mxa_status();
+  });
 }
 #endif  // !__HIPCC__

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes kernels/wgmma_ops.cuh: inline-PTX wrappers of the Hopper wgmma instructions the
-attention kernels use. The accumulator operand lists (64 or 68 registers) are long and
+attention kernels use. The accumulator operand lists (36 to 68 registers) are long and
 regular, so they are generated rather than typed.
 
 Run from the repository root:  python3 scripts/gen_wgmma_ops.py
@@ -14,6 +14,10 @@ OPS = [
     # P in E5M2 (EFQ, exp -> MX P with <= 2 mantissa bits) times V in E4M3
     ("wgmma_rs_m64n136k32_e5m2_e4m3", "m64n136k32", "f32.e5m2.e4m3", 68, True),
     ("wgmma_rs_m64n136k16_bf16", "m64n136k16", "f32.bf16.bf16", 68, True),
+    # head dim 64: N = 64 channels + the ones row and 7 zero rows
+    ("wgmma_rs_m64n72k32_e4m3", "m64n72k32", "f32.e4m3.e4m3", 36, True),
+    ("wgmma_rs_m64n72k32_e5m2_e4m3", "m64n72k32", "f32.e5m2.e4m3", 36, True),
+    ("wgmma_rs_m64n72k16_bf16", "m64n72k16", "f32.bf16.bf16", 36, True),
 ]
 
 

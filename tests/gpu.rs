@@ -245,6 +245,8 @@ fn compare(
     let mut worst_all = 0f64;
     let mut big_rows = 0usize;
     let mut all_rows = 0usize;
+    // comparisons the wgmma kernel ran, per head dim
+    let mut wgmma_runs = std::collections::BTreeMap::<usize, usize>::new();
     for (si, s) in shapes.iter().enumerate() {
         for dist in Distribution::STRESS {
             let raw = synth::make(dist, *s, 900 + si as u64).unwrap();
@@ -271,6 +273,9 @@ fn compare(
                     };
                     let c = attention_ext(&inp.q, &inp.k, &inp.v, &cfg, &opts).unwrap();
                     let g = attention_ext(&qg, &kg, &vg, &cfg, &opts).unwrap();
+                    if matches!(g.stats.gpu_kernel, Some(GpuKernel::Wgmma { .. })) {
+                        *wgmma_runs.entry(s.d).or_default() += 1;
+                    }
                     let (oc, og) = (vec_f32(&c.out), vec_f32(&g.out));
                     let (lc, lg) = (
                         vec_f32(c.lse.as_ref().unwrap()),
@@ -324,7 +329,17 @@ fn compare(
         "{path:?}: {} GPU/CPU comparisons, worst row relative difference {worst_all:.2e}, rows over 1e-2: {big_rows} of {all_rows}",
         report.len()
     );
+    println!("{path:?}: comparisons run by the wgmma kernel, per head dim: {wgmma_runs:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    if path == GpuPath::Wgmma && mxattn::attention::wgmma_available(&dev) {
+        // both head dims of the shapes above are the wgmma kernel's
+        for d in [64, 128] {
+            assert!(
+                wgmma_runs.get(&d).copied().unwrap_or(0) > 0,
+                "no comparison at head dim {d} ran on the wgmma kernel"
+            );
+        }
+    }
     assert!(
         big_rows as f64 <= big_frac * all_rows as f64,
         "more than {:.0} % of rows differ by over 1e-2",
@@ -353,7 +368,7 @@ fn tensor_core_kernel_matches_the_cpu_reference() {
     compare(GpuPath::Mma, 5e-3, 0.6, 0.01, false);
 }
 
-/// The wgmma kernel (head dim 128) on top of the tensor-core kernel's differences:
+/// The wgmma kernel (head dims 64 and 128) on top of the tensor-core kernel's differences:
 /// exact softmax rounds Q, K, V and P to bf16 (inputs here are bf16 already); the FP8
 /// path re-expresses each quantized Q row and 128-key K tile in E4M3 with one power-of-two
 /// scale, which is exact unless the row's blocks span more binades than E4M3's
@@ -378,6 +393,7 @@ fn wgmma_one_pass_packing_matches_the_staged_route() {
     let shapes = [
         Shape::new(2, 4, 2, 37, 300, 128),
         Shape::new(1, 2, 1, 130, 129, 128),
+        Shape::new(1, 4, 2, 150, 200, 64),
     ];
     let (mut direct_qk, mut direct_v, mut compared) = (0, 0, 0);
     let mut cfgs: Vec<(String, AttentionConfig)> =
@@ -634,29 +650,37 @@ fn sanitizer_small() {
             case.name
         );
     }
-    // head dim 128 takes the wgmma kernel: one case per path it has
-    let s = Shape::new(1, 2, 1, 70, 200, 128);
-    let inp = synth::make(Distribution::Gaussian { sigma: 1.0 }, s, 4).unwrap();
-    let (qg, kg, vg) = (
-        inp.q.to_device(&dev).unwrap(),
-        inp.k.to_device(&dev).unwrap(),
-        inp.v.to_device(&dev).unwrap(),
-    );
-    let fp8v = OperandFormat::fp8_per_channel();
-    for cfg in [
-        AttentionConfig::exact(),
-        AttentionConfig::fused_softmax(ElemFormat::E4M3, fp8v, FusedSoftmaxConfig::default()),
-        AttentionConfig::exp_then_quantize(
-            OperandFormat::mx(ElemFormat::E4M3),
-            OperandFormat::mx(ElemFormat::E2M1),
-            ProbFormat::Fp8 {
-                elem: ElemFormat::E4M3,
-            },
-        ),
-    ] {
-        let cfg = cfg.with_causal(true).with_key_lengths(vec![190]);
-        let g = attention_ext(&qg, &kg, &vg, &cfg, &RunOptions::default()).unwrap();
-        assert!(vec_f32(&g.out).iter().all(|x| x.is_finite()));
+    // head dims 64 and 128 take the wgmma kernel: one case per path it has
+    for d in [64, 128] {
+        let s = Shape::new(1, 2, 1, 70, 200, d);
+        let inp = synth::make(Distribution::Gaussian { sigma: 1.0 }, s, 4).unwrap();
+        let (qg, kg, vg) = (
+            inp.q.to_device(&dev).unwrap(),
+            inp.k.to_device(&dev).unwrap(),
+            inp.v.to_device(&dev).unwrap(),
+        );
+        let fp8v = OperandFormat::fp8_per_channel();
+        for cfg in [
+            AttentionConfig::exact(),
+            AttentionConfig::fused_softmax(ElemFormat::E4M3, fp8v, FusedSoftmaxConfig::default()),
+            AttentionConfig::exp_then_quantize(
+                OperandFormat::mx(ElemFormat::E4M3),
+                OperandFormat::mx(ElemFormat::E2M1),
+                ProbFormat::Fp8 {
+                    elem: ElemFormat::E4M3,
+                },
+            ),
+        ] {
+            let cfg = cfg.with_causal(true).with_key_lengths(vec![190]);
+            let g = attention_ext(&qg, &kg, &vg, &cfg, &RunOptions::default()).unwrap();
+            assert!(vec_f32(&g.out).iter().all(|x| x.is_finite()));
+            assert!(
+                !mxattn::attention::wgmma_available(&dev)
+                    || matches!(g.stats.gpu_kernel, Some(GpuKernel::Wgmma { .. })),
+                "head dim {d}: {:?}",
+                g.stats.gpu_kernel
+            );
+        }
     }
     stored_cache_cases(&dev, 8);
     let t = Tensor::randn(0f32, 1.0, (9, 70), &dev).unwrap();

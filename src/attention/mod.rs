@@ -62,7 +62,7 @@ pub enum GpuPath {
     /// The fastest kernel that takes the call: `Wgmma`, else `Mma`, else `Simple`.
     #[default]
     Auto,
-    /// The Hopper warpgroup-MMA kernel (head dim 128; exact softmax on BF16 operands,
+    /// The Hopper warpgroup-MMA kernel (head dims 64 and 128; exact softmax on BF16 operands,
     /// Fused-Softmax and exp→E4M3 on FP8 operands) where it takes the call, else `Mma`.
     Wgmma,
     /// `Wgmma` with its operands prepared in f32 first and packed in a second pass (the

@@ -28,7 +28,8 @@ pub(crate) struct Capabilities {
 /// The wgmma kernel's fixed geometry (constants of `kernels/attention_wgmma.cu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct WgmmaTiles {
-    pub head_dim: usize,
+    /// Head dims it is instantiated for.
+    pub head_dims: &'static [usize],
     /// Query rows per CTA: Q rows are padded to a multiple.
     pub rows_per_cta: usize,
     /// Query rows of one consumer warpgroup: Q's packed block.
@@ -197,7 +198,7 @@ pub(crate) fn plan(
     let per_channel_v = matches!(cfg.v_format, OperandFormat::PerChannel { .. });
     let wgmma = match (path, caps.wgmma) {
         (GpuPath::Auto | GpuPath::Wgmma | GpuPath::WgmmaStaged, Some(t))
-            if p.d == t.head_dim && p.hq.is_multiple_of(p.hkv) =>
+            if t.head_dims.contains(&p.d) && p.hq.is_multiple_of(p.hkv) =>
         {
             wgmma_kind(cfg).map(|fp8| (fp8, t))
         }
@@ -257,7 +258,7 @@ mod tests {
 
     const HOPPER: Capabilities = Capabilities {
         wgmma: Some(WgmmaTiles {
-            head_dim: 128,
+            head_dims: &[64, 128],
             rows_per_cta: 128,
             rows_per_warpgroup: 64,
             keys_per_tile: 128,
@@ -288,7 +289,7 @@ mod tests {
         plan(&problem(d, 100, 300), &cfg, path, caps, StoredKv::default()).unwrap()
     }
 
-    /// The kernel each preset gets on Hopper at head dim 128: the list the README's
+    /// The kernel each preset gets on Hopper at head dims 64 and 128: the list the README's
     /// kernel table states (BF16 wgmma for exact, FP8 wgmma for Fused-Softmax u8/fp32-bits,
     /// exp→E4M3, exp→MX P and EFQ, mma.sync for the rest).
     #[test]
@@ -308,9 +309,14 @@ mod tests {
         for (name, _) in PRESETS {
             let got = plan_of(name, 128, GpuPath::Auto, &HOPPER).kernel;
             assert_eq!(got, want(name), "preset {name}");
-            // head dim 64 and GPUs without wgmma: mma.sync; Simple when asked
+            // head dim 64 takes the same kernel; GPUs without wgmma: mma.sync; Simple when asked
             assert_eq!(
                 plan_of(name, 64, GpuPath::Auto, &HOPPER).kernel,
+                want(name),
+                "preset {name} at head dim 64"
+            );
+            assert_eq!(
+                plan_of(name, 64, GpuPath::Auto, &AMPERE).kernel,
                 Kernel::Mma
             );
             assert_eq!(

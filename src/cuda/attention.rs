@@ -55,7 +55,8 @@ fn capabilities() -> Capabilities {
     // SAFETY: constant queries, and one of the current device's attributes.
     let wgmma = unsafe {
         (ffi::mxa_wgmma_available() != 0).then(|| WgmmaTiles {
-            head_dim: ffi::mxa_wgmma_head_dim() as usize,
+            // kernels/attention_wgmma.cu is instantiated for these; check_plan holds it to that
+            head_dims: &[64, 128],
             rows_per_cta: ffi::mxa_wgmma_rows_per_cta() as usize,
             rows_per_warpgroup: ffi::mxa_wgmma_rows_per_warpgroup() as usize,
             keys_per_tile: ffi::mxa_wgmma_keys_per_tile() as usize,

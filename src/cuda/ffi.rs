@@ -320,7 +320,6 @@ extern "C" {
     ) -> i32;
     pub fn mxa_attention_wgmma_supported(p: *const AttnParams) -> i32;
     pub fn mxa_wgmma_available() -> i32;
-    pub fn mxa_wgmma_head_dim() -> i32;
     pub fn mxa_wgmma_rows_per_cta() -> i32;
     pub fn mxa_wgmma_rows_per_warpgroup() -> i32;
     pub fn mxa_wgmma_keys_per_tile() -> i32;
@@ -332,6 +331,7 @@ extern "C" {
         group: i32,
         tile: i32,
         fp8: i32,
+        d: i32,
         dst: *mut c_void,
         scales: *mut f32,
         stream: Stream,
@@ -342,6 +342,7 @@ extern "C" {
         rows: i32,
         rows_pad: i32,
         fp8: i32,
+        d: i32,
         chscale: *const f32,
         dst: *mut c_void,
         vscale: *mut f32,
