@@ -156,26 +156,6 @@ static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c,
   return __byte_perm(ab, cd, 0x5410);
 }
 
-// mx_decode(mx_encode(a, FMT_E2M1)) for a ≥ 0 (not NaN), branch-free: from 1 up, round the
-// f32 to one mantissa bit, nearest-even, on its bits; below 1, the subnormal grid of 0.5;
-// saturate at 6. (Checked against mx_encode/mx_decode on every 7th f32 bit pattern.)
-static __device__ __forceinline__ float e2m1_round_nonneg(float a) {
-  const unsigned b = __float_as_uint(a);
-  const float hi = __uint_as_float((b + 0x1FFFFFu + ((b >> 22) & 1u)) & 0xFFC00000u);
-  const float lo = rintf(a * 2.0f) * 0.5f;
-  return fminf(a < 1.0f ? lo : hi, 6.0f);
-}
-
-// mx_decode(mx_encode(a, FMT), FMT) for FMT E4M3 or E5M2 and a ≥ 0 (not NaN): the
-// hardware's round-to-nearest-even saturating conversion and back (every E4M3/E5M2 value is
-// a half), without mx_encode's per-element branches.
-template <int FMT>
-static __device__ __forceinline__ float fp8_round(float a) {
-  constexpr __nv_fp8_interpretation_t I = FMT == FMT_E4M3 ? __NV_E4M3 : __NV_E5M2;
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, I), I);
-  return __half2float(__half(h));
-}
-
 // ---------------------------------------------------------------- the attention kernel
 
 constexpr int STAGES_FP8 = 3;

@@ -137,18 +137,21 @@ __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows
 
 // ---------------------------------------------------------------- direct: inputs → packed
 
-// Q or K, TILE rows of one head per CTA of 8 warps. A row lives on LPR = D/4 adjacent lanes,
+// Q or K, TILE rows of one head per CTA of WARPS warps. A row lives on LPR = D/4 adjacent lanes,
 // lane l holding channels 4(l mod LPR)..+3, so an MX block of B channels lives on B/4
 // adjacent lanes and the Hadamard butterfly pairs lanes by XOR; a warp takes RPI = 32/LPR
 // rows at once (D = 128: one; D = 64: two, one per half-warp): warp w's rows are
-// RPI·(w + 8i) + l / LPR. Scale per row (Q: PER_ROW) or one per tile (K). Same arithmetic
-// as prep_qk_kernel followed by pack_rows_kernel.
-template <int D, int TILE, bool PER_ROW>
-__global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restrict__ src, int dtype, int rows,
+// RPI·(w + WARPS·i) + l / LPR. Scale per row (Q: PER_ROW) or one per tile (K). Same
+// arithmetic as prep_qk_kernel followed by pack_rows_kernel. MXE: the MX rounding's element
+// where the compiler can specialise it (mx_fast_elem). K takes 32 warps per 128-key tile: its
+// grid is a quarter of Q's under GQA, and fewer rows per warp keep the unrolled code small
+// (kernels/NOTES.md v3 item 13).
+template <int D, int TILE, bool PER_ROW, int MXE, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* __restrict__ src, int dtype, int rows,
                                                              float q_scale, int hadamard, float hscale, OperandFmt fmt,
                                                              int fp8, uint8_t* __restrict__ dst,
                                                              float* __restrict__ scales, int* __restrict__ bad) {
-  constexpr int LPR = D / 4, RPI = 32 / LPR, RPW = TILE / (8 * RPI);
+  constexpr int LPR = D / 4, RPI = 32 / LPR, RPW = TILE / (WARPS * RPI);
   const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane / LPR, cl = lane % LPR;  // row within the warp's RPI, lane within the row
   const int r0 = blockIdx.x * TILE;
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
   bool nonfinite = false;
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
-    const int r = r0 + RPI * (warp + 8 * i) + sub;
+    const int r = r0 + RPI * (warp + WARPS * i) + sub;
     const int64_t base = ((int64_t)head * rows + r) * D + 4 * cl;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
       const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
       const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = mx_decode(mx_encode(x[i][j] * inv, fmt.elem), fmt.elem) * sc;
+      for (int j = 0; j < 4; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, fmt.elem) * sc;
     }
   }
   if (__any_sync(0xffffffffu, nonfinite) && lane == 0) atomicOr(bad, 1);
@@ -218,10 +221,10 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
       for (int i = 0; i < RPW; i++) {
         const int e = e4m3_fit_exp(am[i]);
         inv[i] = ldexpf(1.0f, -e);
-        if (cl == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + RPI * (warp + 8 * i) + sub] = ldexpf(1.0f, e);
+        if (cl == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + RPI * (warp + WARPS * i) + sub] = ldexpf(1.0f, e);
       }
     } else {
-      __shared__ float red[8];
+      __shared__ float red[WARPS];
       float a = 0.0f;
 #pragma unroll
       for (int i = 0; i < RPW; i++) a = fmaxf(a, am[i]);
@@ -231,7 +234,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
       __syncthreads();
       a = red[0];
 #pragma unroll
-      for (int w = 1; w < 8; w++) a = fmaxf(a, red[w]);
+      for (int w = 1; w < WARPS; w++) a = fmaxf(a, red[w]);
       const int e = e4m3_fit_exp(a);
 #pragma unroll
       for (int i = 0; i < RPW; i++) inv[i] = ldexpf(1.0f, -e);
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
   uint8_t* t = dst + ((int64_t)head * gridDim.x + blockIdx.x) * TILE * D * (fp8 ? 1 : 2);
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
-    const int r = RPI * (warp + 8 * i) + sub;
+    const int r = RPI * (warp + WARPS * i) + sub;
     if (fp8) {
       uint32_t w = 0;
 #pragma unroll
@@ -260,8 +263,8 @@ __global__ void __launch_bounds__(256) pack_qk_direct_kernel(const void* __restr
 // one MX block of 32 keys). AMAX: only gather each channel's largest |value| (as f32 bits)
 // for the channel scale; else write the packed Vᵀ bytes (FP8, keys permuted: MX V as
 // v / scale[c] with the power-of-two scale; per-channel FP8 V as its codes of v / scale[c],
-// prep_v_channel_kernel's arithmetic, the scale applied after PV).
-template <int D, bool FP8, bool AMAX>
+// prep_v_channel_kernel's arithmetic, the scale applied after PV). MXE as pack_qk_direct_kernel's.
+template <int D, bool FP8, bool AMAX, int MXE>
 __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, int rows, int hkv,
                                      const int32_t* __restrict__ kv_lens, OperandFmt fmt, unsigned* __restrict__ amax,
                                      const float* __restrict__ scale, uint8_t* __restrict__ dst,
@@ -288,7 +291,7 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
     m = 0.0f;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
-      x[j] = mx_decode(mx_encode(x[j] * inv, fmt.elem), fmt.elem) * sc;
+      x[j] = mx_round<MXE>(x[j] * inv, fmt.elem) * sc;
       m = fmaxf(m, fabsf(x[j]));
     }
   }
@@ -300,7 +303,7 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
   if (fmt.kind == OPK_PER_CHANNEL) {
     const float s = scale[head * D + c];
 #pragma unroll
-    for (int j = 0; j < 32; j++) x[j] = mx_decode(mx_encode(x[j] / s, fmt.elem), fmt.elem);
+    for (int j = 0; j < 32; j++) x[j] = mx_round<MXE>(x[j] / s, fmt.elem);
   }
   const int64_t rows_pad = (int64_t)gridDim.x * 32;
   uint8_t* t = dst + (int64_t)head * rows_pad * D * ES + (int64_t)(k0 / BC_ALL) * BC_ALL * D * ES;
@@ -344,6 +347,17 @@ static int with_head_dim(int d, F f) {
   if (d == 64) return f(std::integral_constant<int, 64>{});
   if (d == 128) return f(std::integral_constant<int, 128>{});
   return MXA_ERR_ARGS;
+}
+
+// The MX rounding the packing kernels are specialised for (wg::mx_fast_elem): calls f with
+// MXE as a compile-time constant.
+template <typename F>
+static int with_mx_elem(const OperandFmt& f, F fn) {
+  switch (wg::mx_fast_elem(f.kind, f.elem)) {
+    case FMT_E4M3: return fn(std::integral_constant<int, FMT_E4M3>{});
+    case FMT_E2M1: return fn(std::integral_constant<int, FMT_E2M1>{});
+    default: return fn(std::integral_constant<int, -1>{});
+  }
 }
 
 // group: rows per FP8 scale (1 for Q, keys per tile for K); tile: rows per packed tile
@@ -418,13 +432,16 @@ extern "C" int mxa_pack_qk_direct(const AttnParams* P, const void* src, int64_t 
   const float qs = is_q ? P->q_scale : 1.0f;
   return with_head_dim(P->d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (is_q)
-      wg::pack_qk_direct_kernel<D, wg::BR, true><<<grid, 256, 0, stream>>>(
-          src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
-    else
-      wg::pack_qk_direct_kernel<D, wg::BC_ALL, false><<<grid, 256, 0, stream>>>(
-          src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
-    return mxa_status();
+    return with_mx_elem(P->qk, [&](auto ec) {
+      constexpr int MXE = decltype(ec)::value;
+      if (is_q)
+        wg::pack_qk_direct_kernel<D, wg::BR, true, MXE, 8><<<grid, 256, 0, stream>>>(
+            src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+      else
+        wg::pack_qk_direct_kernel<D, wg::BC_ALL, false, MXE, 32><<<grid, 1024, 0, stream>>>(
+            src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+      return mxa_status();
+    });
   });
 }
 
@@ -439,20 +456,23 @@ extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_
   dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
   return with_head_dim(P->d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (fp8) {
+    if (fp8) return with_mx_elem(P->v, [&](auto ec) {
+      constexpr int MXE = decltype(ec)::value;
       const int n = (int)heads * D;
       unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
       if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
-      wg::pack_v_direct_kernel<D, true, true><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+      wg::pack_v_direct_kernel<D, true, true, MXE><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
                                                                       P->v, amax, nullptr, nullptr, bad);
       if (P->v.kind == OPK_PER_CHANNEL)
         wg::per_channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(n, P->v.elem, vscale);
       else
         wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
-      wg::pack_v_direct_kernel<D, true, false><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+      wg::pack_v_direct_kernel<D, true, false, MXE><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
                                                                        P->v, nullptr, vscale, (uint8_t*)dst, bad);
-    } else {
-      wg::pack_v_direct_kernel<D, false, false><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+      return mxa_status();
+    });
+    else {
+      wg::pack_v_direct_kernel<D, false, false, -1><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
                                                                         P->v, nullptr, nullptr, (uint8_t*)dst, bad);
     }
     return mxa_status();

@@ -1,9 +1,13 @@
 // Packed-operand layout of the wgmma attention kernel (attention_wgmma.cu), shared with
 // the packing kernels (attention_wgmma_pack.cu): tile geometry, the 128-byte swizzle,
-// the key permutation of Vᵀ, and the E4M3 fit of a row or tile scale.
+// the key permutation of Vᵀ, the E4M3 fit of a row or tile scale, and the fast MX rounding
+// both use.
 #pragma once
 #include <stdint.h>
+#include <cuda_fp8.h>
 #include "gpu_compat.h"
+#include "attention_params.h"
+#include "mx_codec.cuh"
 
 namespace wg {
 
@@ -67,6 +71,43 @@ static __host__ __device__ constexpr int perm_pos(int j) {
 static __device__ __forceinline__ int64_t tile_off(int rows, int row_bytes, int r, int b) {
   const uint32_t c = row_span(row_bytes) == 64 ? sw64(r, b >> 4) : sw128(rows, r, b >> 4);
   return (int64_t)c + (b & 15);
+}
+
+// mx_decode(mx_encode(a, FMT_E2M1)) for a ≥ 0 (not NaN), branch-free: from 1 up, round the
+// f32 to one mantissa bit, nearest-even, on its bits; below 1, the subnormal grid of 0.5;
+// saturate at 6. (Checked against mx_encode/mx_decode on every 7th f32 bit pattern.)
+static __device__ __forceinline__ float e2m1_round_nonneg(float a) {
+  const unsigned b = __float_as_uint(a);
+  const float hi = __uint_as_float((b + 0x1FFFFFu + ((b >> 22) & 1u)) & 0xFFC00000u);
+  const float lo = rintf(a * 2.0f) * 0.5f;
+  return fminf(a < 1.0f ? lo : hi, 6.0f);
+}
+
+// mx_decode(mx_encode(a, FMT), FMT) for FMT E4M3 or E5M2 and a not NaN (either sign): the
+// hardware's round-to-nearest-even saturating conversion and back (every E4M3/E5M2 value is
+// a half), without mx_encode's per-element branches.
+template <int FMT>
+static __device__ __forceinline__ float fp8_round(float a) {
+  constexpr __nv_fp8_interpretation_t I = FMT == FMT_E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, I), I);
+  return __half2float(__half(h));
+}
+
+// The packing kernels' MX rounding, specialised at compile time (kernels/NOTES.md v3 item 13):
+// MXE = FMT_E4M3 or FMT_E2M1 where the call's format is that element (MX or per-channel),
+// −1 for any other (the generic codec, elem at run time).
+static __host__ __device__ constexpr int mx_fast_elem(int kind, int elem) {
+  return (kind == OPK_MX || kind == OPK_PER_CHANNEL) && (elem == FMT_E4M3 || elem == FMT_E2M1) ? elem : -1;
+}
+
+// mx_decode(mx_encode(v, elem), elem) for a finite v: for E4M3 the hardware conversion, for
+// E2M1 the rounding on the f32's bits (the sign put back: the codec is sign-symmetric, −0
+// included), else the codec.
+template <int MXE>
+static __device__ __forceinline__ float mx_round(float v, int elem) {
+  if constexpr (MXE == FMT_E4M3) return fp8_round<FMT_E4M3>(v);
+  else if constexpr (MXE == FMT_E2M1) return copysignf(e2m1_round_nonneg(fabsf(v)), v);
+  else return mx_decode(mx_encode(v, elem), elem);
 }
 
 }  // namespace wg
