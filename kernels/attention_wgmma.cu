@@ -11,8 +11,9 @@
 //   quantized operand is re-expressed exactly unless the row's or tile's blocks span more
 //   binades than E4M3's subnormals reach (then its lowest bits round). The scales fold into
 //   one multiplier per row and tile: A = S_mma·mult + bias is a single FFMA, after which
-//   P is produced without exponentials (u8 code: a float add of 1.5·2^23 and a byte pick;
-//   fp32 bits: the integer cast and one cvt to E4M3). P stays in registers as the A
+//   P is produced without exponentials (u8 code: in the common case the same FFMA with
+//   saturation on 2^-8-scaled operands, a float add and a byte pick; fp32 bits: the integer
+//   cast and one cvt to E4M3). P stays in registers as the A
 //   operand of the PV MMA; Vᵀ's keys are permuted within each 32-key group
 //   (attention_wgmma_pack.cu) so the accumulator layout of S is the A-fragment layout of P.
 // * BF16 (exact softmax): the same loop with exp2 on the MUFU pipe.
@@ -34,6 +35,9 @@ extern "C" int mxa_wgmma_available() { return 0; }
 extern "C" int mxa_wgmma_rows_per_cta() { return 128; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return 64; }
 extern "C" int mxa_wgmma_keys_per_tile() { return 128; }
+extern "C" int mxa_wgmma_u8_code_check(long long, unsigned, float, float, unsigned long long*, gpuStream_t) {
+  return MXA_ERR_ARGS;
+}
 extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*, const void*, const float*,
                                    const void*, const float*, int, int, void*, unsigned long long*, int*,
                                    gpuStream_t) {
@@ -54,6 +58,33 @@ extern "C" int mxa_attention_wgmma(const AttnParams*, const void*, const float*,
 namespace wg {
 
 constexpr float MAGIC = 12582912.0f;  // 1.5·2^23: x + MAGIC holds rint(x) in its low mantissa bits
+constexpr float MAGIC_SAT = 32768.0f;  // 2^15: for y in [0, 1), y + MAGIC_SAT holds rint(256·y) there
+
+// fma(a, b, c) rounded once, then clamped to [0, 1] (NaN to 0): one FFMA.SAT.
+static __device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float d;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// The Fused-Softmax u8 code of x = fma(s, mult, bias) − delta, as a float whose low byte is
+// the code (pick_bytes): rint(x) for x >= 0, 0 below; x <= THR_U8 (126.5) by the rollback.
+static __device__ __forceinline__ float u8_code(float s, float mult, float bias, float delta) {
+  float x = fmaf(s, mult, bias);
+  if (delta != 0.0f) x -= delta;
+  return fmaxf(x + MAGIC, MAGIC);
+}
+// The same code when delta is 0, from mult·2^-8 and bias·2^-8 (both exact: u8_code_scaled_ok):
+// the FMA's result is x·2^-8 exactly (a power-of-two scale moves no rounding while the result
+// stays normal; below that x rounds to 0 either way), saturated to [0, 1], and the add of
+// 2^15 rounds 256·y to an integer. Two instructions instead of four. The equality of the two
+// forms is tested on the GPU (mxa_wgmma_u8_code_check, tests/gpu.rs).
+static __device__ __forceinline__ float u8_code_scaled(float s, float mult_s, float bias_s) {
+  return fma_sat(s, mult_s, bias_s) + MAGIC_SAT;
+}
+static __device__ __forceinline__ bool u8_code_scaled_ok(float mult, float bias, float mult_s, float bias_s) {
+  return mult_s * 256.0f == mult && bias_s * 256.0f == bias;
+}
 
 static __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -144,12 +175,13 @@ struct PBytes {
   static constexpr bool E5M2 = MODE == 4 || MODE == 5;
   static constexpr float SCALE = E5M2 ? 16384.0f : (MODE == 3 || MODE == 6 ? 256.0f : 1.0f);
 };
+static_assert(PBytes<3>::SCALE == 256.0f, "exp->E4M3 P adds 8 to the exponent for this factor");
 template <int MODE>
 static __device__ __forceinline__ uint32_t p_bytes2(float lo, float hi) {
   if constexpr (PBytes<MODE>::E5M2) return e5m2x2(lo, hi);
   else return e4m3x2(lo, hi);
 }
-// Low bytes of four (x + MAGIC) floats, packed: the u8 codes.
+// Low bytes of four (x + MAGIC or y + MAGIC_SAT) floats, packed: the u8 codes.
 static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c, float d) {
   const uint32_t ab = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
   const uint32_t cd = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
@@ -452,21 +484,29 @@ __global__ void __launch_bounds__(THREADS, 1)
           alpha[r] = exp2f(-delta / G);
           nroll++;
         }
+        // u8 code, common case (no rollback in this tile): the scaled form, two instructions
+        // per score instead of five (the general form's rollback subtraction is predicated,
+        // so it takes an issue slot even when delta is 0; kernels/NOTES.md v3 item 14).
+        const float mult_s = mult * (1.0f / 256.0f), bias_s = bias * (1.0f / 256.0f);
+        if (MODE == 1 && delta == 0.0f && u8_code_scaled_ok(mult, bias, mult_s, bias_s)) {
 #pragma unroll
-        for (int i = 0; i < BC / 8; i++) {
-          float x0 = fmaf(s[4 * i + 2 * r], mult, bias);
-          float x1 = fmaf(s[4 * i + 2 * r + 1], mult, bias);
-          if (delta != 0.0f) {
-            x0 -= delta;
-            x1 -= delta;
-          }
-          if (MODE == 1) {
-            s[4 * i + 2 * r] = fmaxf(x0 + MAGIC, MAGIC);
-            s[4 * i + 2 * r + 1] = fmaxf(x1 + MAGIC, MAGIC);
-          } else {
-            s[4 * i + 2 * r] = __uint_as_float(x0 > 0.0f ? (unsigned)x0 : 0u);
-            s[4 * i + 2 * r + 1] = __uint_as_float(x1 > 0.0f ? (unsigned)x1 : 0u);
-          }
+          for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) s[4 * i + 2 * r + e] = u8_code_scaled(s[4 * i + 2 * r + e], mult_s, bias_s);
+        } else if (MODE == 1) {
+#pragma unroll
+          for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) s[4 * i + 2 * r + e] = u8_code(s[4 * i + 2 * r + e], mult, bias, delta);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+              float x = fmaf(s[4 * i + 2 * r + e], mult, bias);
+              if (delta != 0.0f) x -= delta;
+              s[4 * i + 2 * r + e] = __uint_as_float(x > 0.0f ? (unsigned)x : 0u);
+            }
         }
       } else if (MODE == 4) {
         // EFQ: the running max in natural-log units (α = e^(m_old − m_new), as the CPU's
@@ -510,16 +550,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         const float mn = fmaxf(m[r], smax * mult);
         if (mn != NEG_INF) alpha[r] = ex2(m[r] - mn);
         m[r] = mn;
+        // −m per row, or −inf for a row with no visible key yet, so that every y is −inf there
+        // and ex2 gives 0 without a select per score. E4M3 P's factor 2^8 goes into the
+        // exponent (8 − m, rounded once per row; a relative change of P within ex2.approx's
+        // own error) instead of a multiply per score.
+        const float negm = mn == NEG_INF ? NEG_INF : (MODE == 3 ? 8.0f - mn : -mn);
 #pragma unroll
         for (int i = 0; i < BC / 8; i++)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
             // MX P: the row max must give exactly 1 (x = 0, not an FMA's rounding error of
             // s·mult, which moves the Floor scale's block exponent); E4M3 P and exact fuse.
-            const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) - mn
-                                                   : fmaf(s[4 * i + 2 * r + e], mult, -mn);
-            const float x = mn == NEG_INF ? 0.0f : ex2(y);
-            s[4 * i + 2 * r + e] = MODE == 3 ? x * PBytes<MODE>::SCALE : x;
+            const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) + negm
+                                                   : fmaf(s[4 * i + 2 * r + e], mult, negm);
+            s[4 * i + 2 * r + e] = ex2(y);
           }
         if (MODE == 5 || MODE == 6) {
 #pragma unroll
@@ -756,6 +800,53 @@ extern "C" int mxa_attention_wgmma_supported(const AttnParams* P) {
 extern "C" int mxa_wgmma_rows_per_cta() { return wg::ROWS; }
 extern "C" int mxa_wgmma_rows_per_warpgroup() { return wg::BR; }
 extern "C" int mxa_wgmma_keys_per_tile() { return wg::BC_ALL; }
+
+namespace wg {
+static __device__ __forceinline__ uint32_t mix32(uint32_t x) {  // a 32-bit integer hash
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+// Test hook: u8_code against u8_code_scaled over n generated inputs as the kernel meets them
+// (delta 0, x <= thr, the scaled operands exact): scores across 40 binades, 1 in 8 zero (x is
+// then bias itself, halves included: the rounding ties) and 1 in 64 masked (−inf); mult = g·2^k
+// for k in [−140, 11] (the smallest fail u8_code_scaled_ok and are skipped, as in the kernel);
+// x spread over [−400, 128) and a bias of −inf (a row not started) 1 in 64.
+// counts[0] += inputs compared, counts[1] += codes that differ.
+__global__ void u8_code_check_kernel(long long n, uint32_t seed, float g, float thr, unsigned long long* counts) {
+  unsigned long long compared = 0, differ = 0;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const uint32_t h0 = mix32((uint32_t)i ^ seed), h1 = mix32(h0 ^ 0x9e3779b9u), h2 = mix32(h1 ^ 0x85ebca6bu);
+    float s = __uint_as_float((h0 & 0x807fffffu) | ((uint32_t)(107 + h1 % 40) << 23));  // ±[2^-20, 2^20)
+    if ((h2 & 7) == 0) s = 0.0f;
+    if ((h2 & 63) == 1) s = NEG_INF;
+    const float mult = ldexpf(g, -140 + (int)((h1 >> 8) % 152));
+    const float target = -400.0f + (float)((h2 >> 6) % 4096) * (528.0f / 4096.0f);  // steps of 1/8 (ties)
+    float bias = target - s * mult;
+    if (!(fabsf(bias) < INFINITY)) bias = target;
+    if ((h2 >> 24) % 64 == 2) bias = NEG_INF;
+    const float x = fmaf(s, mult, bias);
+    if (x > thr) continue;  // the rollback keeps every tile's x at most thr
+    const float mult_s = mult * (1.0f / 256.0f), bias_s = bias * (1.0f / 256.0f);
+    if (!u8_code_scaled_ok(mult, bias, mult_s, bias_s)) continue;
+    compared++;
+    const uint32_t a = __float_as_uint(u8_code(s, mult, bias, 0.0f)) & 0xffu;
+    const uint32_t b = __float_as_uint(u8_code_scaled(s, mult_s, bias_s)) & 0xffu;
+    differ += a != b;
+  }
+  atomicAdd(counts, compared);
+  atomicAdd(counts + 1, differ);
+}
+}  // namespace wg
+
+extern "C" int mxa_wgmma_u8_code_check(long long n, unsigned seed, float g, float thr, unsigned long long* counts,
+                                       gpuStream_t stream) {
+  if (n <= 0) return MXA_ERR_ARGS;
+  wg::u8_code_check_kernel<<<264, 256, 0, stream>>>(n, seed, g, thr, counts);
+  return mxa_status();
+}
 
 extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const float* qmul, const void* k,
                                    const float* kmul, const void* vt, const float* vscale, int sq_pad, int sk_pad,

@@ -382,6 +382,28 @@ fn wgmma_kernel_matches_the_cpu_reference() {
     compare(GpuPath::Wgmma, 2e-2, 0.6, 0.05, false);
 }
 
+/// The wgmma kernel computes the Fused-Softmax u8 code in two forms: the general one
+/// (x = fma(s, mult, bias), rint, clamp at 0) and, for a tile without rollback, an FFMA with
+/// saturation on operands scaled by 2^-8 plus one add (kernels/NOTES.md v3 item 14). The
+/// second is claimed exact wherever the kernel takes it; on 2^24 generated inputs (scores over
+/// 40 binades, zeros that put x on rounding ties, masked scores, unstarted rows, scales down
+/// to where the scaled form is refused) no code may differ, and most inputs must be compared.
+#[test]
+fn wgmma_u8_code_scaled_form_equals_the_general_form() {
+    let Some(dev) = gpu() else { return };
+    let n = 1usize << 24;
+    let (compared, differ) = mxattn::attention::wgmma_u8_code_forms_check(&dev, n, 2026).unwrap();
+    println!("u8 code forms: {compared} of {n} inputs compared, {differ} differ");
+    assert_eq!(
+        differ, 0,
+        "{differ} of {compared} codes differ between the two forms"
+    );
+    assert!(
+        compared >= n as u64 / 2,
+        "only {compared} of {n} inputs compared"
+    );
+}
+
 /// The wgmma kernel's one-pass packing (Q, K and V straight from the inputs) must produce
 /// the bytes of the staged route (f32 preparation, then packing), which the CPU comparison
 /// above covers: same kernel on the same packed operands gives the same output bit for bit.

@@ -92,6 +92,23 @@ pub fn wgmma_available(device: &candle_core::Device) -> bool {
     false
 }
 
+/// Test hook (`tests/gpu.rs`): runs the wgmma kernel's two forms of the Fused-Softmax u8
+/// code on `n` generated inputs on the GPU and returns (inputs compared, codes that differ).
+/// An error on a CPU device or in a build without `cuda`.
+#[doc(hidden)]
+pub fn wgmma_u8_code_forms_check(
+    device: &candle_core::Device,
+    n: usize,
+    seed: u32,
+) -> Result<(u64, u64)> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = device {
+        return crate::cuda::attention::u8_code_forms_check(dev, n, seed);
+    }
+    let _ = (device, n, seed);
+    bail!("the u8 code check runs on a CUDA device")
+}
+
 /// Options of one call beyond the config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RunOptions {

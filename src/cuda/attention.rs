@@ -50,6 +50,33 @@ fn check(rc: i32, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The wgmma kernel's two forms of the Fused-Softmax u8 code (the general one and the
+/// common case's scaled FFMA with saturation) on `n` generated inputs, on the GPU:
+/// (inputs compared, codes that differ). See `mxa_wgmma_u8_code_check`.
+pub(crate) fn u8_code_forms_check(dev: &CudaDevice, n: usize, seed: u32) -> Result<(u64, u64)> {
+    let stream = dev.cuda_stream();
+    let mut counts = dev.alloc_zeros::<u64>(2)?;
+    {
+        let (cp, _g) = counts.device_ptr_mut(&stream);
+        // SAFETY: counts holds two u64 on this device; the kernel adds to them.
+        let rc = unsafe {
+            ffi::mxa_wgmma_u8_code_check(
+                n as i64,
+                seed,
+                G_U8,
+                THR_U8,
+                cp as *mut u64,
+                stream.cu_stream() as ffi::Stream,
+            )
+        };
+        check(rc, "u8 code check")?;
+    }
+    let c = stream
+        .clone_dtoh(&counts)
+        .map_err(candle_core::Error::wrap)?;
+    Ok((c[0], c[1]))
+}
+
 /// What this device and build run, for the plan.
 fn capabilities() -> Capabilities {
     // SAFETY: constant queries, and one of the current device's attributes.

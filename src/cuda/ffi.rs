@@ -323,6 +323,14 @@ extern "C" {
     pub fn mxa_wgmma_rows_per_cta() -> i32;
     pub fn mxa_wgmma_rows_per_warpgroup() -> i32;
     pub fn mxa_wgmma_keys_per_tile() -> i32;
+    pub fn mxa_wgmma_u8_code_check(
+        n: i64,
+        seed: u32,
+        g: f32,
+        thr: f32,
+        counts: *mut u64,
+        stream: Stream,
+    ) -> i32;
     pub fn mxa_pack_rows(
         src: *const f32,
         heads: i64,
