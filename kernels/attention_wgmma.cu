@@ -402,7 +402,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   // O: for BF16 in registers (the MMA accumulates in f32). FP8 MMAs sum with fewer bits
   // (relative to the largest addend, the accumulator included), so for FP8 the MMA
   // accumulates runs of at most RUN tiles (16 k-steps) in `acc`, and O, in f32 in shared
-  // memory (this thread's NACC values at stride 128, conflict-free), takes each run.
+  // memory (this thread's NACC values contiguous, read and written 16 bytes at a time: NACC
+  // is 4 mod 8, so 8 consecutive lanes' 16-byte accesses cover the 32 banks once), takes
+  // each run.
   constexpr int RUN = 4;
   // Softmax of tile j while PV(j−1) runs needs two P register sets: room for FP8's 16
   // registers each, not for BF16's 32 beside its accumulators.
@@ -410,10 +412,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   float acc[NACC];
 #pragma unroll
   for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
-  float* o_sm = (float*)(smem + T::O_OFF) + wg * NACC * 128 + (tid % 128);
+  static_assert(NACC % 8 == 4, "the O layout's 16-byte accesses are conflict-free for NACC = 4 mod 8");
+  float4* o_sm = (float4*)(smem + T::O_OFF) + (wg * 128 + tid % 128) * (NACC / 4);
   if (FP8) {
 #pragma unroll
-    for (int i = 0; i < NACC; i++) o_sm[i * 128] = 0.0f;
+    for (int i = 0; i < NACC / 4; i++) o_sm[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   mbar_wait(q_bar, 0);
 
@@ -619,7 +622,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     scale_rows(acc, alpha);
     if (FP8) {
 #pragma unroll
-      for (int i = 0; i < NACC; i++) o_sm[i * 128] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < NACC / 4; i++) {  // elements 4i, 4i + 1 of row g; 4i + 2, 4i + 3 of row g + 8
+        float4 v = o_sm[i];
+        v.x *= alpha[0], v.y *= alpha[0], v.z *= alpha[1], v.w *= alpha[1];
+        o_sm[i] = v;
+      }
     }
   };
 
@@ -644,7 +651,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     // slower (kernels/NOTES.md v3 item 11).
     if (HAS_PV && fresh && jp > 0) {
 #pragma unroll
-      for (int i = 0; i < NACC; i++) o_sm[i * 128] += acc[i];
+      for (int i = 0; i < NACC / 4; i++) {
+        float4 v = o_sm[i];
+        v.x += acc[4 * i], v.y += acc[4 * i + 1], v.z += acc[4 * i + 2], v.w += acc[4 * i + 3];
+        o_sm[i] = v;
+      }
     }
     float s[64];
     wgmma_fence();
@@ -698,7 +709,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   float o[NACC];
 #pragma unroll
-  for (int i = 0; i < NACC; i++) o[i] = FP8 ? o_sm[i * 128] + acc[i] : acc[i];
+  for (int i = 0; i < NACC; i++) o[i] = acc[i];
+  if (FP8) {
+#pragma unroll
+    for (int i = 0; i < NACC / 4; i++) {
+      const float4 v = o_sm[i];
+      o[4 * i] += v.x, o[4 * i + 1] += v.y, o[4 * i + 2] += v.z, o[4 * i + 3] += v.w;
+    }
+  }
 
   // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
   const int64_t stride = P.with_lse ? D + 1 : D;
