@@ -456,7 +456,12 @@ extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_
   dim3 grid((unsigned)(rows_pad / 32), (unsigned)heads);
   return with_head_dim(P->d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
-    if (fp8) return with_mx_elem(P->v, [&](auto ec) {
+    if (!fp8) {
+      wg::pack_v_direct_kernel<D, false, false, -1><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
+                                                                        P->v, nullptr, nullptr, (uint8_t*)dst, bad);
+      return mxa_status();
+    }
+    return with_mx_elem(P->v, [&](auto ec) {
       constexpr int MXE = decltype(ec)::value;
       const int n = (int)heads * D;
       unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
@@ -471,11 +476,6 @@ extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_
                                                                        P->v, nullptr, vscale, (uint8_t*)dst, bad);
       return mxa_status();
     });
-    else {
-      wg::pack_v_direct_kernel<D, false, false, -1><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
-                                                                        P->v, nullptr, nullptr, (uint8_t*)dst, bad);
-    }
-    return mxa_status();
   });
 }
 #endif  // !__HIPCC__
