@@ -412,11 +412,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   float acc[NACC];
 #pragma unroll
   for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+  // Two layouts of O, by measurement (kernels/NOTES.md v3 item 15): float4 runs made EFQ,
+  // exp->MX P and exp->E4M3 1-9 % faster and Fused-Softmax 1-3 % slower, which keeps the
+  // scalar one (a thread's values 128 floats apart, also conflict-free).
+  constexpr bool O_VEC = !(MODE == 1 || MODE == 2);
   static_assert(NACC % 8 == 4, "the O layout's 16-byte accesses are conflict-free for NACC = 4 mod 8");
   float4* o_sm = (float4*)(smem + T::O_OFF) + (wg * 128 + tid % 128) * (NACC / 4);
-  if (FP8) {
+  float* o_s1 = (float*)(smem + T::O_OFF) + wg * NACC * 128 + (tid % 128);
+  if (FP8 && O_VEC) {
 #pragma unroll
     for (int i = 0; i < NACC / 4; i++) o_sm[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  } else if (FP8) {
+#pragma unroll
+    for (int i = 0; i < NACC; i++) o_s1[i * 128] = 0.0f;
   }
   mbar_wait(q_bar, 0);
 
@@ -564,9 +572,17 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int e = 0; e < 2; e++) {
             // MX P: the row max must give exactly 1 (x = 0, not an FMA's rounding error of
             // s·mult, which moves the Floor scale's block exponent); E4M3 P and exact fuse.
-            const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) + negm
-                                                   : fmaf(s[4 * i + 2 * r + e], mult, negm);
-            s[4 * i + 2 * r + e] = ex2(y);
+            if constexpr (MODE == 0) {
+              // exact BF16 keeps the select per score: with the −inf offset it ran 1.5–3 %
+              // slower (kernels/NOTES.md v3 item 14)
+              const float y = fmaf(s[4 * i + 2 * r + e], mult, -mn);
+              const float x = mn == NEG_INF ? 0.0f : ex2(y);
+              s[4 * i + 2 * r + e] = x;
+            } else {
+              const float y = MODE == 5 || MODE == 6 ? __fmul_rn(s[4 * i + 2 * r + e], mult) + negm
+                                                     : fmaf(s[4 * i + 2 * r + e], mult, negm);
+              s[4 * i + 2 * r + e] = ex2(y);
+            }
           }
         if (MODE == 5 || MODE == 6) {
 #pragma unroll
@@ -620,13 +636,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto scale_o = [&](const float (&alpha)[2]) {
     if (alpha[0] == 1.0f && alpha[1] == 1.0f) return;
     scale_rows(acc, alpha);
-    if (FP8) {
+    if (FP8 && O_VEC) {
 #pragma unroll
       for (int i = 0; i < NACC / 4; i++) {  // elements 4i, 4i + 1 of row g; 4i + 2, 4i + 3 of row g + 8
         float4 v = o_sm[i];
         v.x *= alpha[0], v.y *= alpha[0], v.z *= alpha[1], v.w *= alpha[1];
         o_sm[i] = v;
       }
+    } else if (FP8) {
+#pragma unroll
+      for (int i = 0; i < NACC; i++) o_s1[i * 128] *= alpha[(i >> 1) & 1];
     }
   };
 
@@ -650,11 +669,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     // it sat on this warpgroup's own path to its next issue and the FP8 paths ran 2-3 %
     // slower (kernels/NOTES.md v3 item 11).
     if (HAS_PV && fresh && jp > 0) {
+      if constexpr (O_VEC) {
 #pragma unroll
-      for (int i = 0; i < NACC / 4; i++) {
-        float4 v = o_sm[i];
-        v.x += acc[4 * i], v.y += acc[4 * i + 1], v.z += acc[4 * i + 2], v.w += acc[4 * i + 3];
-        o_sm[i] = v;
+        for (int i = 0; i < NACC / 4; i++) {
+          float4 v = o_sm[i];
+          v.x += acc[4 * i], v.y += acc[4 * i + 1], v.z += acc[4 * i + 2], v.w += acc[4 * i + 3];
+          o_sm[i] = v;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NACC; i++) o_s1[i * 128] += acc[i];
       }
     }
     float s[64];
@@ -709,8 +733,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   float o[NACC];
 #pragma unroll
-  for (int i = 0; i < NACC; i++) o[i] = acc[i];
-  if (FP8) {
+  for (int i = 0; i < NACC; i++) o[i] = FP8 && !O_VEC ? o_s1[i * 128] + acc[i] : acc[i];
+  if (FP8 && O_VEC) {
 #pragma unroll
     for (int i = 0; i < NACC / 4; i++) {
       const float4 v = o_sm[i];
