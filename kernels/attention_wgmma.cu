@@ -402,9 +402,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // O: for BF16 in registers (the MMA accumulates in f32). FP8 MMAs sum with fewer bits
   // (relative to the largest addend, the accumulator included), so for FP8 the MMA
   // accumulates runs of at most RUN tiles (16 k-steps) in `acc`, and O, in f32 in shared
-  // memory (this thread's NACC values contiguous, read and written 16 bytes at a time: NACC
-  // is 4 mod 8, so 8 consecutive lanes' 16-byte accesses cover the 32 banks once), takes
-  // each run.
+  // memory (one of the two layouts below), takes each run.
   constexpr int RUN = 4;
   // Softmax of tile j while PV(j−1) runs needs two P register sets: room for FP8's 16
   // registers each, not for BF16's 32 beside its accumulators.
@@ -412,9 +410,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   float acc[NACC];
 #pragma unroll
   for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
-  // Two layouts of O, by measurement (kernels/NOTES.md v3 item 15): float4 runs made EFQ,
-  // exp->MX P and exp->E4M3 1-9 % faster and Fused-Softmax 1-3 % slower, which keeps the
-  // scalar one (a thread's values 128 floats apart, also conflict-free).
+  // Two layouts of O, by measurement (kernels/NOTES.md v3 item 15): a thread's NACC values
+  // contiguous, read and written as float4 (NACC is 4 mod 8, so the 8 lanes of one 16-byte
+  // phase cover the 32 banks once), made EFQ, exp->MX P and exp->E4M3 1-9 % faster and
+  // Fused-Softmax 1-3 % slower, which keeps the scalar one (a thread's values 128 floats
+  // apart, also conflict-free).
   constexpr bool O_VEC = !(MODE == 1 || MODE == 2);
   static_assert(NACC % 8 == 4, "the O layout's 16-byte accesses are conflict-free for NACC = 4 mod 8");
   float4* o_sm = (float4*)(smem + T::O_OFF) + (wg * 128 + tid % 128) * (NACC / 4);
@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           nroll++;
         }
         // u8 code, common case (no rollback in this tile): the scaled form, two instructions
-        // per score instead of five (the general form's rollback subtraction is predicated,
+        // per score instead of four (the general form's rollback subtraction is predicated,
         // so it takes an issue slot even when delta is 0; kernels/NOTES.md v3 item 14).
         const float mult_s = mult * (1.0f / 256.0f), bias_s = bias * (1.0f / 256.0f);
         if (MODE == 1 && delta == 0.0f && u8_code_scaled_ok(mult, bias, mult_s, bias_s)) {
