@@ -412,9 +412,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
   // Two layouts of O, by measurement (kernels/NOTES.md v3 item 15): a thread's NACC values
   // contiguous, read and written as float4 (NACC is 4 mod 8, so the 8 lanes of one 16-byte
-  // phase cover the 32 banks once), made EFQ, exp->MX P and exp->E4M3 1-9 % faster and
-  // Fused-Softmax 1-3 % slower, which keeps the scalar one (a thread's values 128 floats
-  // apart, also conflict-free).
+  // phase cover the 32 banks once), made EFQ, exp->MX P and exp->E4M3 up to 9 % faster (one
+  // row 0.8 % slower) and Fused-Softmax 0.5-3 % slower, which keeps the scalar one (a
+  // thread's values 128 floats apart, also conflict-free).
   constexpr bool O_VEC = !(MODE == 1 || MODE == 2);
   static_assert(NACC % 8 == 4, "the O layout's 16-byte accesses are conflict-free for NACC = 4 mod 8");
   float4* o_sm = (float4*)(smem + T::O_OFF) + (wg * 128 + tid % 128) * (NACC / 4);
