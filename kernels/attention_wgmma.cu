@@ -865,7 +865,8 @@ __global__ void u8_code_check_kernel(long long n, uint32_t seed, float g, float 
     if ((h2 & 7) == 0) s = 0.0f;
     if ((h2 & 63) == 1) s = NEG_INF;
     const float mult = ldexpf(g, -140 + (int)((h1 >> 8) % 152));
-    const float target = -400.0f + (float)((h2 >> 6) % 4096) * (528.0f / 4096.0f);  // steps of 1/8 (ties)
+    // steps of 33/256: 1 in 256 targets is a half (with s = 0, a rounding tie)
+    const float target = -400.0f + (float)((h2 >> 6) % 4096) * (528.0f / 4096.0f);
     float bias = target - s * mult;
     if (!(fabsf(bias) < INFINITY)) bias = target;
     if ((h2 >> 24) % 64 == 2) bias = NEG_INF;
