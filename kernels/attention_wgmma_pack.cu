@@ -137,6 +137,74 @@ __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows
 
 // ---------------------------------------------------------------- direct: inputs → packed
 
+// The inputs' values for the direct packing kernels, all of a thread's loads issued before
+// any is used. Written as load_val per element inside the per-row work, each row's loads sat
+// behind that row's dtype branch and the previous row's shuffles, so a warp waited for DRAM
+// once per row (kernels/NOTES.md v3 item 16). The dtype switch is outside the unrolled loops.
+
+// N rows of 4 consecutive elements from element base[i] (0 where !in[i]); vec: the 4 are
+// one aligned 8-byte (bf16/f16) or 16-byte (f32) load.
+template <int N>
+static __device__ __forceinline__ void load_rows4(const void* __restrict__ src, int dtype, bool vec,
+                                                  const int64_t (&base)[N], const bool (&in)[N], float (&x)[N][4]) {
+  if (vec && dtype == 1) {
+    uint2 u[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) u[i] = in[i] ? *(const uint2*)((const bf16_t*)src + base[i]) : make_uint2(0, 0);
+#pragma unroll
+    for (int i = 0; i < N; i++) {  // bf16 → f32 is the bits moved up (exact, as bf16_to_f32)
+      x[i][0] = __uint_as_float(u[i].x << 16);
+      x[i][1] = __uint_as_float(u[i].x & 0xffff0000u);
+      x[i][2] = __uint_as_float(u[i].y << 16);
+      x[i][3] = __uint_as_float(u[i].y & 0xffff0000u);
+    }
+  } else if (vec && dtype == 2) {
+    uint2 u[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) u[i] = in[i] ? *(const uint2*)((const f16_t*)src + base[i]) : make_uint2(0, 0);
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      x[i][0] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].x & 0xffffu)));
+      x[i][1] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].x >> 16)));
+      x[i][2] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].y & 0xffffu)));
+      x[i][3] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].y >> 16)));
+    }
+  } else if (vec && dtype == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      const float4 v = in[i] ? *(const float4*)((const float*)src + base[i]) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[i][0] = v.x;
+      x[i][1] = v.y;
+      x[i][2] = v.z;
+      x[i][3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) x[i][j] = in[i] ? load_val(src, base[i] + j, dtype) : 0.0f;
+  }
+}
+
+// N elements base + j·stride, j < n (0 past n).
+template <int N>
+static __device__ __forceinline__ void load_strided(const void* __restrict__ src, int dtype, int64_t base,
+                                                    int64_t stride, int n, float (&x)[N]) {
+  if (dtype == 1) {
+    const bf16_t* p = (const bf16_t*)src + base;
+#pragma unroll
+    for (int j = 0; j < N; j++) x[j] = j < n ? bf16_to_f32(p[j * stride]) : 0.0f;
+  } else if (dtype == 2) {
+    const f16_t* p = (const f16_t*)src + base;
+#pragma unroll
+    for (int j = 0; j < N; j++) x[j] = j < n ? f16_to_f32(p[j * stride]) : 0.0f;
+  } else {
+    const float* p = (const float*)src + base;
+#pragma unroll
+    for (int j = 0; j < N; j++) x[j] = j < n ? p[j * stride] : 0.0f;
+  }
+}
+
 // Q or K, TILE rows of one head per CTA of WARPS warps. A row lives on LPR = D/4 adjacent lanes,
 // lane l holding channels 4(l mod LPR)..+3, so an MX block of B channels lives on B/4
 // adjacent lanes and the Hadamard butterfly pairs lanes by XOR; a warp takes RPI = 32/LPR
@@ -148,25 +216,32 @@ __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows
 // (kernels/NOTES.md v3 item 13).
 template <int D, int TILE, bool PER_ROW, int MXE, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* __restrict__ src, int dtype, int rows,
-                                                             float q_scale, int hadamard, float hscale, OperandFmt fmt,
-                                                             int fp8, uint8_t* __restrict__ dst,
+                                                             int vec, float q_scale, int hadamard, float hscale,
+                                                             OperandFmt fmt, int fp8, uint8_t* __restrict__ dst,
                                                              float* __restrict__ scales, int* __restrict__ bad) {
   constexpr int LPR = D / 4, RPI = 32 / LPR, RPW = TILE / (WARPS * RPI);
   const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane / LPR, cl = lane % LPR;  // row within the warp's RPI, lane within the row
   const int r0 = blockIdx.x * TILE;
   float x[RPW][4];
+  {
+    int64_t base[RPW];
+    bool in[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+      const int r = r0 + RPI * (warp + WARPS * i) + sub;
+      in[i] = r < rows;
+      base[i] = ((int64_t)head * rows + r) * D + 4 * cl;
+    }
+    load_rows4<RPW>(src, dtype, vec != 0, base, in, x);
+  }
   bool nonfinite = false;
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
-    const int r = r0 + RPI * (warp + WARPS * i) + sub;
-    const int64_t base = ((int64_t)head * rows + r) * D + 4 * cl;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      float v = r < rows ? load_val(src, base + j, dtype) : 0.0f;
-      nonfinite |= !isfinite(v);
-      if (q_scale != 1.0f) v = v * q_scale;
-      x[i][j] = v;
+      nonfinite |= !isfinite(x[i][j]);
+      if (q_scale != 1.0f) x[i][j] = x[i][j] * q_scale;
     }
     if (hadamard) {
 #pragma unroll
@@ -273,12 +348,13 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
   const int head = blockIdx.y, c = threadIdx.x, k0 = blockIdx.x * 32;
   const int len = kv_lens[head / hkv];
   float x[32];
+  load_strided<32>(src, dtype, ((int64_t)head * rows + k0) * D + c, D, rows - k0, x);
   float m = 0.0f;
   bool nonfinite = false;
 #pragma unroll
   for (int j = 0; j < 32; j++) {
     const int r = k0 + j;
-    const float v = r < rows ? load_val(src, ((int64_t)head * rows + r) * D + c, dtype) : 0.0f;
+    const float v = x[j];
     nonfinite |= !isfinite(v);
     float y = r < len ? v : 0.0f;
     if (fmt.kind == OPK_BF16) y = round_bf16(y);
@@ -430,16 +506,20 @@ extern "C" int mxa_pack_qk_direct(const AttnParams* P, const void* src, int64_t 
   if (rows_pad % tile != 0) return MXA_ERR_ARGS;
   dim3 grid((unsigned)(rows_pad / tile), (unsigned)heads);
   const float qs = is_q ? P->q_scale : 1.0f;
+  // A row's 4 elements per lane as one load where the input allows (rows start at multiples
+  // of D elements, so the base pointer's alignment decides).
+  const int esize = P->in_dtype == 0 ? 4 : 2;
+  const int vec = ((uintptr_t)src % (4 * esize)) == 0;
   return with_head_dim(P->d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     return with_mx_elem(P->qk, [&](auto ec) {
       constexpr int MXE = decltype(ec)::value;
       if (is_q)
         wg::pack_qk_direct_kernel<D, wg::BR, true, MXE, 8><<<grid, 256, 0, stream>>>(
-            src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+            src, P->in_dtype, rows, vec, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
       else
         wg::pack_qk_direct_kernel<D, wg::BC_ALL, false, MXE, 32><<<grid, 1024, 0, stream>>>(
-            src, P->in_dtype, rows, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+            src, P->in_dtype, rows, vec, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
       return mxa_status();
     });
   });

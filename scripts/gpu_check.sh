@@ -53,6 +53,10 @@ step "compute-sanitizer memcheck" memcheck.txt timeout 120 compute-sanitizer --t
   --error-exitcode 1 --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1
 step "compute-sanitizer racecheck" racecheck.txt timeout 120 compute-sanitizer --tool racecheck \
   --error-exitcode 1 --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1
+# Reads of uninitialized device memory: the wgmma path allocates its packed operands and
+# output without a memset (src/cuda/attention/launch.rs), trusting the kernels to write them.
+step "compute-sanitizer initcheck" initcheck.txt timeout 120 compute-sanitizer --tool initcheck \
+  --error-exitcode 1 --print-limit 20 ./.gpu/gpu sanitizer_small --test-threads=1
 if [ "${#failed[@]}" -ne 0 ]; then
   echo "GPU check FAILED: ${failed[*]}"
   exit 1

@@ -408,7 +408,9 @@ fn wgmma_u8_code_scaled_form_equals_the_general_form() {
 /// the bytes of the staged route (f32 preparation, then packing), which the CPU comparison
 /// above covers: same kernel on the same packed operands gives the same output bit for bit.
 /// Every case the wgmma kernel takes, f32/bf16/f16 inputs, GQA, ragged tails, causal with
-/// shortened key lengths (V zeroed past them before its MX blocks).
+/// shortened key lengths (V zeroed past them before its MX blocks); on the first shape also
+/// inputs that start one element into their buffer, which the one-pass packing reads with
+/// element loads instead of its aligned 8- or 16-byte loads.
 #[test]
 fn wgmma_one_pass_packing_matches_the_staged_route() {
     let Some(dev) = gpu() else { return };
@@ -432,8 +434,25 @@ fn wgmma_one_pass_packing_matches_the_staged_route() {
     for (si, s) in shapes.iter().enumerate() {
         for dist in [Distribution::STRESS[0], Distribution::STRESS[2]] {
             let raw = synth::make(dist, *s, 700 + si as u64).unwrap();
-            for dtype in [DType::F32, DType::BF16, DType::F16] {
-                let on_gpu = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let offsets: &[usize] = if si == 0 { &[0, 1] } else { &[0] };
+            for (dtype, &offset) in [DType::F32, DType::BF16, DType::F16]
+                .into_iter()
+                .flat_map(|d| offsets.iter().map(move |o| (d, o)))
+            {
+                let on_gpu = |t: &Tensor| {
+                    let t = t.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                    if offset == 0 {
+                        return t;
+                    }
+                    // the same values `offset` elements into a larger buffer
+                    let flat = t.flatten_all().unwrap();
+                    let pad = Tensor::zeros(offset, dtype, &dev).unwrap();
+                    let x = Tensor::cat(&[&pad, &flat], 0).unwrap();
+                    let x = x.narrow(0, offset, flat.elem_count()).unwrap();
+                    let x = x.reshape(t.dims()).unwrap();
+                    assert_eq!(x.layout().start_offset(), offset);
+                    x
+                };
                 let (qg, kg, vg) = (on_gpu(&raw.q), on_gpu(&raw.k), on_gpu(&raw.v));
                 for (name, cfg) in &cfgs {
                     for (causal, lens) in [(false, None), (true, Some(vec![s.sk - 5; s.b]))] {
@@ -466,7 +485,8 @@ fn wgmma_one_pass_packing_matches_the_staged_route() {
                         direct_qk += dq as usize;
                         direct_v += dv as usize;
                         compared += 1;
-                        let what = format!("{name} {dist} {s} {dtype:?} causal={causal}");
+                        let what =
+                            format!("{name} {dist} {s} {dtype:?} offset {offset} causal={causal}");
                         let bits = |t: &Tensor| -> Vec<u32> {
                             vec_f32(t).iter().map(|x| x.to_bits()).collect()
                         };
