@@ -235,18 +235,27 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
     }
     load_rows4<RPW>(src, dtype, vec != 0, base, in, x);
   }
+  // Each step runs over all of the thread's rows before the next (stage outer, rows inner):
+  // the rows' shuffles are independent and issue back to back, and the run-time-uniform
+  // branches (hadamard, format) are taken once, not once per row (kernels/NOTES.md v3
+  // item 17). The arithmetic per element is prep_qk_kernel's, unchanged.
   bool nonfinite = false;
 #pragma unroll
-  for (int i = 0; i < RPW; i++) {
+  for (int i = 0; i < RPW; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      nonfinite |= !isfinite(x[i][j]);
-      if (q_scale != 1.0f) x[i][j] = x[i][j] * q_scale;
-    }
-    if (hadamard) {
+    for (int j = 0; j < 4; j++) nonfinite |= !isfinite(x[i][j]);
+  if (q_scale != 1.0f) {
 #pragma unroll
-      for (int h = 1; h < D; h *= 2) {
-        if (h < 4) {
+    for (int i = 0; i < RPW; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) x[i][j] = x[i][j] * q_scale;
+  }
+  if (hadamard) {
+#pragma unroll
+    for (int h = 1; h < D; h *= 2) {
+      if (h < 4) {
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
 #pragma unroll
           for (int j = 0; j < 4; j++)
             if (!(j & h)) {
@@ -254,28 +263,46 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
               x[i][j] = a + b;
               x[i][j + h] = a - b;
             }
-        } else {
-          const bool upper = cl & (h / 4);  // this lane holds the i + h half of its pairs
+      } else {
+        const bool upper = cl & (h / 4);  // this lane holds the i + h half of its pairs
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
 #pragma unroll
           for (int j = 0; j < 4; j++) {
             const float other = SHFL_XOR(x[i][j], h / 4);
             x[i][j] = upper ? other - x[i][j] : x[i][j] + other;
           }
-        }
       }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
 #pragma unroll
       for (int j = 0; j < 4; j++) x[i][j] = x[i][j] * hscale;
-    }
-    if (fmt.kind == OPK_BF16) {
+  }
+  if (fmt.kind == OPK_BF16) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
 #pragma unroll
       for (int j = 0; j < 4; j++) x[i][j] = round_bf16(x[i][j]);
-    } else if (fmt.kind == OPK_MX) {
-      float amax = fmaxf(fmaxf(fabsf(x[i][0]), fabsf(x[i][1])), fmaxf(fabsf(x[i][2]), fabsf(x[i][3])));
-      for (int o = 1; o < fmt.block / 4; o *= 2) amax = fmaxf(amax, SHFL_XOR(amax, o));
-      const int e = mx_shared_exp(amax, fmt.elem, fmt.scale);
+  } else if (fmt.kind == OPK_MX) {
+    // MXE ≥ 0 only where the call's element is MXE (mx_fast_elem): its constants then fold
+    const int elem = MXE >= 0 ? MXE : fmt.elem;
+    float amax[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+      amax[i] = fmaxf(fmaxf(fabsf(x[i][0]), fabsf(x[i][1])), fmaxf(fabsf(x[i][2]), fabsf(x[i][3])));
+#pragma unroll
+    for (int o = 1; o < LPR; o *= 2)
+      if (o < fmt.block / 4) {
+#pragma unroll
+        for (int i = 0; i < RPW; i++) amax[i] = fmaxf(amax[i], SHFL_XOR(amax[i], o));
+      }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+      const int e = mx_shared_exp(amax[i], elem, fmt.scale);
       const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, fmt.elem) * sc;
+      for (int j = 0; j < 4; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, elem) * sc;
     }
   }
   if (__any_sync(0xffffffffu, nonfinite) && lane == 0) atomicOr(bad, 1);
