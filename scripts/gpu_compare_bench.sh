@@ -4,17 +4,39 @@
 # and the older revision's, alternating (old, new, old, new) in one command, so a slowdown
 # of this build shows against the same machine and minute. Output: $OUT/compare_bench.md and
 # $OUT/compare_wan.txt.
+# COMPARE_JSON=1: also bench_gpu's JSON of each run ($OUT/bench_{old,new}_r{1,2}.json).
+# COMPARE_KERNELS="path;path": before the timed runs, each kernel of one whole-op call of these
+# bench_gpu paths (--filter) at the first shape, old and new, from Nsight Compute
+# (gpu__time_duration.sum, ns) into $OUT/compare_kernels.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SHAPES=${COMPARE_SHAPES:-"1,40,40,75600,128;1,32,8,4096,128,causal;4,32,32,8192,128"}
-ARGS=(--shapes "$SHAPES" --iters "${COMPARE_ITERS:-3}" --warmup 1 --exclude "${COMPARE_EXCLUDE:-mma.sync,EFQ}" --decode "${COMPARE_DECODE:-32768}")
+ARGS=(--shapes "$SHAPES" --iters "${COMPARE_ITERS:-3}" --warmup "${COMPARE_WARMUP:-1}" --exclude "${COMPARE_EXCLUDE:-mma.sync,EFQ}" --decode "${COMPARE_DECODE-32768}")
+[ -n "${COMPARE_CHECKS:-}" ] && ARGS+=(--checks "$COMPARE_CHECKS")
 # COMPARE_WHAT: bench, wan or both (default), for device calls that carry only some binaries
 WHAT=${COMPARE_WHAT:-both}
+if [ "$WHAT" != wan ] && [ -n "${COMPARE_KERNELS:-}" ]; then
+  IFS=';' read -ra paths <<< "$COMPARE_KERNELS"
+  for which in old new; do
+    bin=./.gpu/bench_gpu; [ "$which" = old ] && bin=./.gpu/bench_gpu_old
+    for path in "${paths[@]}"; do
+      echo "== $which / $path" >> "$OUT/compare_kernels.txt"
+      # warm-up and two timed calls: the last third of the kernels is one call
+      timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin" --shapes "${SHAPES%%;*}" \
+        --iters 2 --warmup 1 --filter "$path" --exclude "${COMPARE_EXCLUDE:-mma.sync,EFQ}" --decode "" --checks deferred 2>/dev/null \
+        | python3 -c "
+import sys, csv
+rows = [r for r in csv.reader(sys.stdin) if len(r) > 10 and r[-3] == 'gpu__time_duration.sum']
+for r in rows[-(len(rows) // 3):]: print(r[4][:60].ljust(60), r[-1])" >> "$OUT/compare_kernels.txt"
+    done
+  done
+fi
 [ "$WHAT" = wan ] || for round in 1 2; do
   for which in old new; do
     bin=./.gpu/bench_gpu; [ "$which" = old ] && bin=./.gpu/bench_gpu_old
+    json=(); [ -n "${COMPARE_JSON:-}" ] && json=(--json "$OUT/bench_${which}_r$round.json")
     echo "== round $round: $which"
-    { echo "== bench_gpu round $round: $which"; timeout "${COMPARE_TIMEOUT:-240}" "$bin" "${ARGS[@]}" 2>&1 || echo "!! $which round $round exit $?"; } > "$OUT/run.txt"
+    { echo "== bench_gpu round $round: $which"; timeout "${COMPARE_TIMEOUT:-240}" "$bin" "${ARGS[@]}" "${json[@]}" 2>&1 || echo "!! $which round $round exit $?"; } > "$OUT/run.txt"
     cat "$OUT/run.txt" >> "$OUT/compare_bench.md"
     grep -E "^\|" "$OUT/run.txt" | head -60
   done
