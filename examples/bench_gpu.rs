@@ -46,6 +46,12 @@ struct Args {
     /// synchronization per call) or `deferred` (left on the device, read once per shape).
     #[arg(long, default_value = "per-call")]
     checks: String,
+    /// After timing each entry, run it once more and print a hash of its output's f32 bits
+    /// (`digest` lines, and `digest` in the JSON), with the inputs drawn from a fixed seed per
+    /// shape: two builds that print the same digests computed the same outputs bit for bit.
+    /// Also times the EFQ rules and scales the default list leaves out.
+    #[arg(long)]
+    digest: bool,
 }
 
 struct ShapeArg {
@@ -113,7 +119,7 @@ fn main() -> Result<()> {
     // dim 128); the `[mma.sync]` rows force the older BF16 tensor-core kernel for comparison,
     // the `[staged prep]` rows the wgmma kernel with its operands prepared in f32 and packed
     // in a second pass (the route before one-pass packing).
-    let entries: Vec<(&str, AttentionConfig, GpuPath)> = vec![
+    let mut entries: Vec<(&str, AttentionConfig, GpuPath)> = vec![
         ("mxattn exact bf16", AttentionConfig::exact(), GpuPath::Auto),
         (
             "mxattn exact bf16 [mma.sync]",
@@ -185,6 +191,44 @@ fn main() -> Result<()> {
             GpuPath::Auto,
         ),
     ];
+    if a.digest {
+        use mxattn::attention::EfqScale;
+        let efq = |rule, scale| {
+            AttentionConfig::efq(
+                EfqConfig::new(rule).with_scale(scale),
+                OperandFormat::mx(E2M1),
+                fp8v,
+            )
+        };
+        // one entry per EFQ code path of the kernels (rule x scale) not listed above
+        entries.extend([
+            (
+                "mxattn EFQ LUT, MXFP4 QK, FP8 V",
+                efq(EfqRule::Lut, EfqScale::Efq),
+                GpuPath::Auto,
+            ),
+            (
+                "mxattn EFQ two-piece, MXFP4 QK, FP8 V",
+                efq(EfqRule::TwoPiece, EfqScale::Floor),
+                GpuPath::Auto,
+            ),
+            (
+                "mxattn EFQ exact thresholds, EFQ scale, MXFP4 QK, FP8 V",
+                efq(EfqRule::ExactThresholds, EfqScale::Efq),
+                GpuPath::Auto,
+            ),
+            (
+                "mxattn EFQ exact thresholds, RCEIL scale, MXFP4 QK, FP8 V",
+                efq(EfqRule::ExactThresholds, EfqScale::Rceil),
+                GpuPath::Auto,
+            ),
+            (
+                "mxattn EFQ-Mean, RCEIL scale, MXFP4 QK, FP8 V",
+                efq(EfqRule::Mean, EfqScale::Rceil),
+                GpuPath::Auto,
+            ),
+        ]);
+    }
     println!(
         "# bench_gpu: CUDA device 0, CUDA events, mean of {} after {} warm-up",
         a.iters, a.warmup
@@ -194,7 +238,10 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     let mut rows = vec![];
-    for s in parse(&a.shapes)? {
+    for (si, s) in parse(&a.shapes)?.into_iter().enumerate() {
+        if a.digest {
+            dev.set_seed(1000 + si as u64)?;
+        }
         let q = Tensor::randn(0f32, 1.0, (s.b, s.hq, s.s, s.d), &dev)?.to_dtype(DType::BF16)?;
         let k = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.sk, s.d), &dev)?.to_dtype(DType::BF16)?;
         let v = Tensor::randn(0f32, 1.0, (s.b, s.hkv, s.sk, s.d), &dev)?.to_dtype(DType::BF16)?;
@@ -241,13 +288,29 @@ fn main() -> Result<()> {
             })?;
             // deferred: the gathered checks, read outside the timed loop
             check_device(&dev)?;
+            let digest = if a.digest {
+                let opts = RunOptions {
+                    gpu_path: *path,
+                    ..Default::default()
+                };
+                let out = attention_ext(&q, &k, &v, &cfg, &opts)?.out;
+                let d = fnv1a(&out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+                println!("digest | {label} | {} | {name} | {d:016x}", s.causal);
+                Some(format!("{d:016x}"))
+            } else {
+                None
+            };
             let ratio = base.map_or("-".to_string(), |b| format!("{:.2}x", b / ms));
             println!(
                 "| {label} | {} | {name} | {ms:.3} | {:.1} | {ratio} |",
                 s.causal,
                 flops / ms / 1e9
             );
-            rows.push(serde_json::json!({"shape": label, "impl": name, "ms": ms, "tflops": flops / ms / 1e9}));
+            let mut row = serde_json::json!({"shape": label, "impl": name, "ms": ms, "tflops": flops / ms / 1e9});
+            if let Some(d) = digest {
+                row["digest"] = d.into();
+            }
+            rows.push(row);
         }
     }
     if !a.decode.trim().is_empty() {
@@ -257,6 +320,18 @@ fn main() -> Result<()> {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(())
+}
+
+/// FNV-1a over the values' bits: equal outputs give equal digests, and any changed bit a
+/// different one (with the odds of a 64-bit collision).
+fn fnv1a(v: &[f32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for x in v {
+        for b in x.to_bits().to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// Decode steps over a cache of `n` tokens: the split-KV kernel reading BF16 or MX codes,

@@ -8,11 +8,16 @@
 # COMPARE_KERNELS="path;path": before the timed runs, each kernel of one whole-op call of these
 # bench_gpu paths (--filter) at the first shape, old and new, from Nsight Compute
 # (gpu__time_duration.sum, ns) into $OUT/compare_kernels.txt.
+# COMPARE_DIGEST=1: both builds print a hash of each output (bench_gpu --digest, fixed inputs);
+# $OUT/compare_digest.txt then lists, per shape and implementation, whether the four runs'
+# outputs were bit-identical (old = new shows a change kept every output bit; old r1 = old r2
+# that the kernels are deterministic). Needs both builds to know --digest.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SHAPES=${COMPARE_SHAPES:-"1,40,40,75600,128;1,32,8,4096,128,causal;4,32,32,8192,128"}
 ARGS=(--shapes "$SHAPES" --iters "${COMPARE_ITERS:-3}" --warmup "${COMPARE_WARMUP:-1}" --exclude "${COMPARE_EXCLUDE:-mma.sync,EFQ}" --decode "${COMPARE_DECODE-32768}")
 [ -n "${COMPARE_CHECKS:-}" ] && ARGS+=(--checks "$COMPARE_CHECKS")
+[ -n "${COMPARE_DIGEST:-}" ] && ARGS+=(--digest)
 # COMPARE_WHAT: bench, wan or both (default), for device calls that carry only some binaries
 WHAT=${COMPARE_WHAT:-both}
 if [ "$WHAT" != wan ] && [ -n "${COMPARE_KERNELS:-}" ]; then
@@ -41,6 +46,29 @@ fi
     grep -E "^\|" "$OUT/run.txt" | head -60
   done
 done
+[ "$WHAT" != wan ] && [ -n "${COMPARE_DIGEST:-}" ] && python3 - "$OUT/compare_bench.md" > "$OUT/compare_digest.txt" <<'PY'
+import re, sys
+runs, cur = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r"== bench_gpu round (\d): (\w+)", line)
+    if m:
+        cur = runs.setdefault(f"{m.group(2)} r{m.group(1)}", {})
+    elif line.startswith("digest |") and cur is not None:
+        f = [x.strip() for x in line.split("|")]
+        cur[(f[1], f[2], f[3])] = f[4]
+names = ["old r1", "new r1", "old r2", "new r2"]
+keys = sorted({k for r in runs.values() for k in r})
+same = 0
+print("| shape | causal | implementation | " + " | ".join(names) + " | all equal |")
+print("|---|---|---|" + "---|" * (len(names) + 1))
+for k in keys:
+    d = [runs.get(n, {}).get(k, "-") for n in names]
+    eq = len(set(d)) == 1 and d[0] != "-"
+    same += eq
+    print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(d) + f" | {'yes' if eq else 'NO'} |")
+print(f"\n{same} of {len(keys)} outputs bit-identical in all four runs")
+PY
+[ "$WHAT" != wan ] && [ -n "${COMPARE_DIGEST:-}" ] && tail -1 "$OUT/compare_digest.txt"
 # The Wan transformer (2 A14B blocks at 720p, exact and Fused-Softmax MXFP8): the model-level
 # path (fused ops, the attention calls, the deferred checks) against the older build.
 [ "$WHAT" = bench ] && { rm -f "$OUT/run.txt"; exit 0; }
