@@ -181,6 +181,24 @@ static __device__ __forceinline__ uint32_t p_bytes2(float lo, float hi) {
   if constexpr (PBytes<MODE>::E5M2) return e5m2x2(lo, hi);
   else return e4m3x2(lo, hi);
 }
+// EFQ's P on the E2M1 grid: a 32-key block's values are C8[c]·up for codes
+// c = 0..7 and one factor up per block and row. The block's eight P bytes, converted once
+// (E5M2 of C8[c]·up, the conversion the per-element route made of the same f32 values), sit
+// in two registers, and one PRMT turns four codes into an A-fragment register: no code →
+// value → byte work per score (kernels/NOTES.md v3 item 18).
+struct CodeBytes {
+  uint32_t lo, hi;  // bytes of codes 0..3 and 4..7
+};
+static __device__ __forceinline__ CodeBytes e2m1_code_bytes(float up) {
+  const uint32_t b01 = e5m2x2(0.0f * up, 0.5f * up), b23 = e5m2x2(1.0f * up, 1.5f * up);
+  const uint32_t b45 = e5m2x2(2.0f * up, 3.0f * up), b67 = e5m2x2(4.0f * up, 6.0f * up);
+  return {b01 | (b23 << 16), b45 | (b67 << 16)};
+}
+// Four P bytes (byte i: code ci, each 0..7) from the block's table.
+static __device__ __forceinline__ uint32_t code_bytes4(const CodeBytes& tb, unsigned c0, unsigned c1, unsigned c2,
+                                                       unsigned c3) {
+  return __byte_perm(tb.lo, tb.hi, c0 | (c1 << 4) | (c2 << 8) | (c3 << 12));
+}
 // Low bytes of four (x + MAGIC or y + MAGIC_SAT) floats, packed: the u8 codes.
 static __device__ __forceinline__ uint32_t pick_bytes(float a, float b, float c, float d) {
   const uint32_t ab = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
@@ -544,14 +562,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           mb = quad_max(mb);
           const EfqBlock blk = efq_block_t<SUB == EFQV_TABLE ? 1 : 0>(P, mb);
-          // P·2^14 (PBytes<4>), to E5M2 in pairs at packing. A row with no visible key has
-          // x = −inf, code 0 in every rule: no per-element guard.
-          const float up = pow2f(blk.k + 14);
+          // P·2^14 (PBytes<4>) as E5M2 bytes, straight into the A fragments: x[0..3] are
+          // key chunks 4b and 4b+1 (register r of PV step b), x[4..7] chunks 4b+2 and 4b+3
+          // (register 2 + r). A row with no visible key has x = −inf, code 0 in every rule:
+          // no per-element guard.
+          const CodeBytes tb = e2m1_code_bytes(pow2f(blk.k + 14));
+          unsigned c[8];
 #pragma unroll
-          for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-              s[4 * (4 * b + i) + 2 * r + e] = efq_c8(efq_code_v<SUB>(P, blk, x[2 * i + e])) * up;
+          for (int i = 0; i < 8; i++) c[i] = efq_code_v<SUB>(P, blk, x[i]);
+          a[b][r] = code_bytes4(tb, c[0], c[1], c[2], c[3]);
+          a[b][2 + r] = code_bytes4(tb, c[4], c[5], c[6], c[7]);
         }
       } else {
         // exact online softmax in log2 units (MODE 0), then E4M3 P (MODE 3) or MX P per
@@ -607,9 +627,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
       }
     }
-    // P as the A operand of the PV MMA
+    // P as the A operand of the PV MMA (EFQ wrote its own above)
+    constexpr bool P_CODES = MODE == 4;
 #pragma unroll
-    for (int kk = 0; kk < T::PSTEPS; kk++) {
+    for (int kk = 0; kk < (P_CODES ? 0 : T::PSTEPS); kk++) {
       if constexpr (FP8) {
         const int c0 = 16 * kk;  // s index of key chunk 4kk
         if (MODE == 1) {

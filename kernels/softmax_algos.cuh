@@ -219,30 +219,41 @@ static __host__ __device__ __forceinline__ int efq_variant(const AttnParams& P) 
   return efq_table(P) ? EFQV_TABLE : P.efq_kind;
 }
 
+// How many of 7 non-decreasing thresholds x passes: x ≥ t[i], or with STRICT_EVEN x > t[i]
+// at even i. Each test implies the one before it, so the count is found by a three-level
+// binary search: 3 compares and 3 selects, not 7 of each (kernels/NOTES.md v3 item 18).
+template <bool STRICT_EVEN>
+static __device__ __forceinline__ unsigned count7(float x, const float (&t)[7]) {
+  const bool p4 = x >= t[3];
+  const bool p2 = x >= (p4 ? t[5] : t[1]);
+  const float tb = p4 ? (p2 ? t[6] : t[4]) : (p2 ? t[2] : t[0]);
+  const bool p1 = STRICT_EVEN ? x > tb : x >= tb;
+  return 4u * p4 + 2u * p2 + (unsigned)p1;
+}
+
 // The E2M1 code of one shifted score x (natural log, ≤ 0) of a block, rule V.
 template <int V>
 static __device__ __forceinline__ unsigned efq_code_v(const AttnParams& P, const EfqBlock& b, float x) {
   unsigned c = 0;
   if constexpr (V == EFQV_TABLE) {
-#pragma unroll
-    for (int i = 0; i < 7; i++) c += (x >= b.t[i]) ? 1u : 0u;
+    c = count7<false>(x, b.t);  // b.t ascends (log_thresholds.rs, tested there)
   } else if constexpr (V == EFQ_LUT) {
     const float z = x - b.shift;
-    const float j = fminf(fmaxf(floorf((z - P.lut_tau) * P.lut_h) + 1.0f, 0.0f), 15.0f);
-    c = efq_c16((int)j);
+    c = efq_c16(min(max(__float2int_rd((z - P.lut_tau) * P.lut_h), -1), 14) + 1);  // as the affine rule's
   } else if constexpr (V == EFQ_TWO_PIECE) {
     const float w = __fmul_rn(x, P.log2e) - b.kf;
-    const unsigned hi = (unsigned)fminf(fmaxf(floorf(2.0f * (w - P.log2_125)) + 3.0f, 2.0f), 7.0f);
+    const unsigned hi = (unsigned)(min(max(__float2int_rd(2.0f * (w - P.log2_125)), -1), 4) + 3);
     const unsigned lo = (w > -2.0f) ? 1u : 0u;
     c = w >= P.log2_075 ? hi : lo;
   } else if constexpr (V == EFQ_EXACT) {
     const float w = __fmul_rn(x, P.log2e) - b.kf;
-    // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5: strict at even positions
-#pragma unroll
-    for (int i = 0; i < 7; i++) c += ((i % 2 == 0) ? (w > P.log2_mid[i]) : (w >= P.log2_mid[i])) ? 1u : 0u;
+    // midpoints 0.25 .75 1.25 1.75 2.5 3.5 5 (ascending): strict at even positions
+    c = count7<true>(w, P.log2_mid);
   } else {
+    // ⌊(z − τ)·h⌋ + 1 clamped to 0..7, the floor and conversion in one instruction (the
+    // same code for every non-NaN z; x is never NaN here, non-finite inputs are rejected)
     const float z = x - b.shift;
-    c = (unsigned)fminf(fmaxf(floorf((z - P.efq_tau) * P.efq_h) + 1.0f, 0.0f), 7.0f);
+    c = (unsigned)(min(max(__float2int_rd((z - P.efq_tau) * P.efq_h), -1), 6) + 1);
   }
   return c;
 }

@@ -148,6 +148,27 @@ mod tests {
         assert_eq!(exp_threshold(2.0, false), f32::INFINITY);
     }
 
+    /// The GPU kernels count a code's passed thresholds by binary search (`count7` in
+    /// kernels/softmax_algos.cuh), which equals the linear count only if every block
+    /// exponent's seven thresholds are non-decreasing and none is NaN.
+    #[test]
+    fn code_thresholds_ascend_for_every_block_exponent() {
+        let t = exp_mxfp4_thresholds();
+        assert_eq!(t.code.len(), (E_MAX - E_MIN + 1) as usize);
+        for (i, row) in t.code.iter().enumerate() {
+            assert!(
+                row.iter().all(|x| !x.is_nan()),
+                "exponent {}",
+                E_MIN + i as i32
+            );
+            for w in row.windows(2) {
+                assert!(w[0] <= w[1], "exponent {}: {row:?}", E_MIN + i as i32);
+            }
+        }
+        let mids = E2M1_MIDPOINTS.map(|(m, _)| m);
+        assert!(mids.windows(2).all(|w| w[0] < w[1]));
+    }
+
     #[test]
     fn key_orders_like_floats() {
         let xs = [-3.0f32, -1.0, -1e-40, -0.0, 0.0, 1e-40, 2.0];
