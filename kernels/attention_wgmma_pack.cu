@@ -68,8 +68,8 @@ __global__ void pack_rows_kernel(const float* __restrict__ src, int rows, int ro
     }
     __syncthreads();
     const int e = e4m3_fit_exp(red[0]);
-    inv = ldexpf(1.0f, -e);
-    if (threadIdx.x == 0) scales[(int64_t)head * (rows_pad / group) + blockIdx.x] = ldexpf(1.0f, e);
+    inv = exp2i(-e);
+    if (threadIdx.x == 0) scales[(int64_t)head * (rows_pad / group) + blockIdx.x] = exp2i(e);
   }
   uint8_t* dh = dst + (int64_t)head * rows_pad * D * es;
   for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
@@ -95,7 +95,7 @@ __global__ void channel_amax_kernel(const float* __restrict__ src, int rows, int
 
 __global__ void channel_scale_kernel(const unsigned* __restrict__ amax, int n, float* __restrict__ scale) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = ldexpf(1.0f, e4m3_fit_exp(__uint_as_float(amax[i])));
+  if (i < n) scale[i] = exp2i(e4m3_fit_exp(__uint_as_float(amax[i])));
 }
 
 // V [rows, D] f32 → packed Vᵀ tiles: E4M3 codes of v / scale[c] (divide) or of v as given,
@@ -287,6 +287,8 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
   } else if (fmt.kind == OPK_MX) {
     // MXE ≥ 0 only where the call's element is MXE (mx_fast_elem): its constants then fold
     const int elem = MXE >= 0 ? MXE : fmt.elem;
+    const unsigned thr = mx_scale_thr(elem, fmt.scale);  // once, not per row (item 19)
+    const int emax = fmt_info(elem).emax;
     float amax[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++)
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
       }
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
-      const int e = mx_shared_exp(amax[i], elem, fmt.scale);
+      const int e = mx_shared_exp_thr(amax[i], emax, thr);
       const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
 #pragma unroll
       for (int j = 0; j < 4; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, elem) * sc;
@@ -322,8 +324,8 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
 #pragma unroll
       for (int i = 0; i < RPW; i++) {
         const int e = e4m3_fit_exp(am[i]);
-        inv[i] = ldexpf(1.0f, -e);
-        if (cl == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + RPI * (warp + WARPS * i) + sub] = ldexpf(1.0f, e);
+        inv[i] = exp2i(-e);
+        if (cl == 0) scales[(int64_t)head * gridDim.x * TILE + r0 + RPI * (warp + WARPS * i) + sub] = exp2i(e);
       }
     } else {
       __shared__ float red[WARPS];
@@ -339,8 +341,8 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
       for (int w = 1; w < WARPS; w++) a = fmaxf(a, red[w]);
       const int e = e4m3_fit_exp(a);
 #pragma unroll
-      for (int i = 0; i < RPW; i++) inv[i] = ldexpf(1.0f, -e);
-      if (threadIdx.x == 0) scales[(int64_t)head * gridDim.x + blockIdx.x] = ldexpf(1.0f, e);
+      for (int i = 0; i < RPW; i++) inv[i] = exp2i(-e);
+      if (threadIdx.x == 0) scales[(int64_t)head * gridDim.x + blockIdx.x] = exp2i(e);
     }
   }
   uint8_t* t = dst + ((int64_t)head * gridDim.x + blockIdx.x) * TILE * D * (fp8 ? 1 : 2);

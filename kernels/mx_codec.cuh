@@ -106,30 +106,32 @@ static __device__ __forceinline__ unsigned mantissa_fraction_bits(float x) {
   return b & 0x7FFFFFu;
 }
 
-// Shared exponent of a block with absolute maximum amax (src/mx/scale.rs `shared_exp`).
-static __device__ __forceinline__ int mx_shared_exp(float amax, int fmt, int mode) {
-  if (amax == 0.0f) return -127;
+// Shared exponent of a block with absolute maximum amax (src/mx/scale.rs `shared_exp`):
+// ⌊log2 amax⌋ − emax, plus one where amax's fraction bits reach the scale mode's threshold
+// (mx_scale_thr), so every mode is one compare: no per-block switch over the mode, and a
+// caller with a uniform format and mode computes the threshold once
+// (kernels/NOTES.md v3 item 19).
+//   Floor: never (2^23, above every fraction). Ceil: amax not a power of two (≥ 1).
+//   Even: the fraction rounds up past mbits mantissa bits, ties up. Rceil: the
+//   significand exceeds max_normal's. OCP default: fraction ≥ 0.75.
+static __device__ __forceinline__ unsigned mx_scale_thr(int fmt, int mode) {
   const FmtInfo f = fmt_info(fmt);
-  bool p2;
-  const int fl = floor_log2f(amax, &p2);
-  int e;
   switch (mode) {
-    case SCALE_FLOOR: e = fl - f.emax; break;
-    case SCALE_CEIL: e = fl + (p2 ? 0 : 1) - f.emax; break;
-    case SCALE_EVEN: {
-      const unsigned thr = (1u << 23) - (1u << (22 - f.mbits));
-      e = fl + (mantissa_fraction_bits(amax) >= thr ? 1 : 0) - f.emax;
-      break;
-    }
-    case SCALE_RCEIL:
-      // the least e with max_normal·2^e ≥ amax: fl − emax, or one more where amax's
-      // significand exceeds max_normal's (no double loop: this runs once per block in the
-      // wgmma kernel's tile loop)
-      e = fl - f.emax + (mantissa_fraction_bits(amax) > (__float_as_uint(f.max_normal) & 0x7FFFFFu) ? 1 : 0);
-      break;
-    default: e = fl + (mantissa_fraction_bits(amax) >= (3u << 21) ? 1 : 0) - f.emax; break;
+    case SCALE_FLOOR: return 1u << 23;
+    case SCALE_CEIL: return 1u;
+    case SCALE_EVEN: return (1u << 23) - (1u << (22 - f.mbits));
+    case SCALE_RCEIL: return (__float_as_uint(f.max_normal) & 0x7FFFFFu) + 1u;
+    default: return 3u << 21;
   }
+}
+static __device__ __forceinline__ int mx_shared_exp_thr(float amax, int emax, unsigned thr) {
+  if (amax == 0.0f) return -127;
+  bool p2;
+  const int e = floor_log2f(amax, &p2) - emax + (mantissa_fraction_bits(amax) >= thr ? 1 : 0);
   return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+static __device__ __forceinline__ int mx_shared_exp(float amax, int fmt, int mode) {
+  return mx_shared_exp_thr(amax, fmt_info(fmt).emax, mx_scale_thr(fmt, mode));
 }
 
 static __device__ __forceinline__ float e8m0_decode(unsigned byte) {

@@ -44,12 +44,25 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // row or tile of quantized values into E4M3 without saturating.
 static __device__ __forceinline__ int e4m3_fit_exp(float amax) {
   if (!(amax > 0.0f)) return 0;
+  // Finite amax ≥ 2^−100 (every row in practice): that least e is ⌊log2 amax⌋ − 8, or − 7 where
+  // amax's significand exceeds 448's (1.75), from the bits in a few instructions instead of
+  // the division, frexpf and ldexpf below, which give the same e there: e ≥ −108, so
+  // the loop's −126 floor is not reached (kernels/NOTES.md v3 item 19).
+  const unsigned b = __float_as_uint(amax);
+  if (b >= 0x0D800000u && b < 0x7F800000u) return (int)(b >> 23) - 135 + ((b & 0x7FFFFFu) > 0x600000u ? 1 : 0);
   int e;
   const float m = frexpf(amax / 448.0f, &e);
   if (m == 0.5f) e -= 1;
   if (ldexpf(448.0f, e) < amax) e += 1;
   while (e > -126 && ldexpf(448.0f, e - 1) >= amax) e -= 1;
   return e;
+}
+
+// ldexpf(1.0f, k) for any k, from the exponent bits where 2^k is a normal float (always for
+// the scales of e4m3_fit_exp's fast range) rather than ldexpf's general code.
+static __device__ __forceinline__ float exp2i(int k) {
+  if (k >= -126 && k <= 127) return __int_as_float((k + 127) << 23);
+  return ldexpf(1.0f, k);
 }
 
 // ---------------------------------------------------------------- operand packing
