@@ -764,21 +764,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
-  // The V channel scales of this thread's channels (n·8 + 2t + c) are loaded together before
-  // any output, and the output type is chosen once per row: with a load and a type switch per
-  // element, each load waited for the previous element's store (ncu at 4k causal: a fifth of
-  // the kernel's stall samples on those multiplies; kernels/NOTES.md v3 item 20).
   const int64_t stride = P.with_lse ? D + 1 : D;
-  const bool has_vs = vscale != nullptr;
-  float vs[D / 4];
-  if (has_vs) {
-    const float* vsc = vscale + ((int64_t)bb * P.hkv + kvh) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-      for (int c = 0; c < 2; c++) vs[2 * n + c] = vsc[n * 8 + 2 * t + c];
-  }
-  const int out_kind = P.with_lse ? 0 : P.out_dtype;  // 0 f32, 1 bf16, 2 f16
+  const float* vsc = vscale ? vscale + ((int64_t)bb * P.hkv + kvh) * D : nullptr;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const float l = __shfl_sync(0xffffffffu, o[D / 2 + 2 * r], lane & ~3);
@@ -786,31 +773,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (i >= P.sq) continue;
     const int64_t row = ((int64_t)bb * P.hq + h) * P.sq + i;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float val[D / 4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
+    for (int n = 0; n < D / 8; n++) {
 #pragma unroll
       for (int c = 0; c < 2; c++) {
-        float v = o[4 * n + 2 * r + c];
-        if (has_vs) v *= vs[2 * n + c];
-        val[2 * n + c] = l > 0.0f ? v * inv : 0.0f;
+        const int ch = n * 8 + 2 * t + c;
+        float val = o[4 * n + 2 * r + c];
+        if (vsc) val *= vsc[ch];
+        val = l > 0.0f ? val * inv : 0.0f;
+        const int64_t idx = row * stride + ch;
+        if (P.with_lse || P.out_dtype == 0) ((float*)out)[idx] = val;
+        else if (P.out_dtype == 1) ((bf16_t*)out)[idx] = __float2bfloat16_rn(val);
+        else ((f16_t*)out)[idx] = __float2half_rn(val);
       }
-    const int64_t base = row * stride + 2 * t;
-    if (out_kind == 0) {
-#pragma unroll
-      for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) ((float*)out)[base + n * 8 + c] = val[2 * n + c];
-    } else if (out_kind == 1) {
-#pragma unroll
-      for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) ((bf16_t*)out)[base + n * 8 + c] = __float2bfloat16_rn(val[2 * n + c]);
-    } else {
-#pragma unroll
-      for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) ((f16_t*)out)[base + n * 8 + c] = __float2half_rn(val[2 * n + c]);
     }
     if (P.with_lse && t == 0) {
       float lse = NEG_INF;
