@@ -46,7 +46,8 @@ fi
     grep -E "^\|" "$OUT/run.txt" | head -60
   done
 done
-[ "$WHAT" != wan ] && [ -n "${COMPARE_DIGEST:-}" ] && python3 - "$OUT/compare_bench.md" > "$OUT/compare_digest.txt" <<'PY'
+if [ "$WHAT" != wan ] && [ -n "${COMPARE_DIGEST:-}" ]; then
+python3 - "$OUT/compare_bench.md" > "$OUT/compare_digest.txt" <<'PY'
 import re, sys
 runs, cur = {}, None
 for line in open(sys.argv[1]):
@@ -68,7 +69,8 @@ for k in keys:
     print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(d) + f" | {'yes' if eq else 'NO'} |")
 print(f"\n{same} of {len(keys)} outputs bit-identical in all four runs")
 PY
-[ "$WHAT" != wan ] && [ -n "${COMPARE_DIGEST:-}" ] && tail -1 "$OUT/compare_digest.txt"
+tail -1 "$OUT/compare_digest.txt"
+fi
 # The Wan transformer (2 A14B blocks at 720p, exact and Fused-Softmax MXFP8): the model-level
 # path (fused ops, the attention calls, the deferred checks) against the older build.
 [ "$WHAT" = bench ] && { rm -f "$OUT/run.txt"; exit 0; }
