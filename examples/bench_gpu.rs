@@ -201,33 +201,27 @@ fn main() -> Result<()> {
             )
         };
         // one entry per EFQ code path of the kernels (rule x scale) not listed above
-        entries.extend([
+        let extra = [
+            ("LUT", EfqRule::Lut, EfqScale::Efq),
+            ("two-piece", EfqRule::TwoPiece, EfqScale::Floor),
             (
-                "mxattn EFQ LUT, MXFP4 QK, FP8 V",
-                efq(EfqRule::Lut, EfqScale::Efq),
-                GpuPath::Auto,
+                "exact thresholds, EFQ scale",
+                EfqRule::ExactThresholds,
+                EfqScale::Efq,
             ),
             (
-                "mxattn EFQ two-piece, MXFP4 QK, FP8 V",
-                efq(EfqRule::TwoPiece, EfqScale::Floor),
-                GpuPath::Auto,
+                "exact thresholds, RCEIL scale",
+                EfqRule::ExactThresholds,
+                EfqScale::Rceil,
             ),
-            (
-                "mxattn EFQ exact thresholds, EFQ scale, MXFP4 QK, FP8 V",
-                efq(EfqRule::ExactThresholds, EfqScale::Efq),
-                GpuPath::Auto,
-            ),
-            (
-                "mxattn EFQ exact thresholds, RCEIL scale, MXFP4 QK, FP8 V",
-                efq(EfqRule::ExactThresholds, EfqScale::Rceil),
-                GpuPath::Auto,
-            ),
-            (
-                "mxattn EFQ-Mean, RCEIL scale, MXFP4 QK, FP8 V",
-                efq(EfqRule::Mean, EfqScale::Rceil),
-                GpuPath::Auto,
-            ),
-        ]);
+            ("-Mean, RCEIL scale", EfqRule::Mean, EfqScale::Rceil),
+        ];
+        entries.extend(extra.into_iter().map(|(what, rule, scale)| {
+            let sep = if what.starts_with('-') { "" } else { " " };
+            // leaked: the entries hold &str, and this binary lives for one run
+            let name: &'static str = format!("mxattn EFQ{sep}{what}, MXFP4 QK, FP8 V").leak();
+            (name, efq(rule, scale), GpuPath::Auto)
+        }));
     }
     println!(
         "# bench_gpu: CUDA device 0, CUDA events, mean of {} after {} warm-up",
@@ -278,12 +272,12 @@ fn main() -> Result<()> {
                 continue;
             }
             let cfg = cfg.clone().with_causal(s.causal);
+            let opts = RunOptions {
+                gpu_path: *path,
+                checks,
+                ..Default::default()
+            };
             let ms = cuda_time_ms(&dev, a.warmup, a.iters, || {
-                let opts = RunOptions {
-                    gpu_path: *path,
-                    checks,
-                    ..Default::default()
-                };
                 Ok(attention_ext(&q, &k, &v, &cfg, &opts)?.out)
             })?;
             // deferred: the gathered checks, read outside the timed loop

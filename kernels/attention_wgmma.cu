@@ -605,13 +605,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         if (MODE == 5 || MODE == 6) {
+          const int p_emax = fmt_info(SUB).emax;
+          const unsigned p_thr = mx_scale_thr(SUB, P.p_scale);  // per call, not per block
 #pragma unroll
           for (int b = 0; b < BC / 32; b++) {
             float amax = 0.0f;
 #pragma unroll
             for (int i = 0; i < 4; i++) amax = fmaxf(amax, fmaxf(s[4 * (4 * b + i) + 2 * r], s[4 * (4 * b + i) + 2 * r + 1]));
             amax = quad_max(amax);
-            const int ex = mx_shared_exp(amax, SUB, P.p_scale);
+            const int ex = mx_shared_exp_thr(amax, p_emax, p_thr);
             const float down = pow2f(-ex), up = e8m0_decode((unsigned)(ex + 127)) * PBytes<MODE>::SCALE;
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -628,28 +630,29 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     }
     // P as the A operand of the PV MMA (EFQ wrote its own above)
-    constexpr bool P_CODES = MODE == 4;
+    if constexpr (MODE != 4) {
 #pragma unroll
-    for (int kk = 0; kk < (P_CODES ? 0 : T::PSTEPS); kk++) {
-      if constexpr (FP8) {
-        const int c0 = 16 * kk;  // s index of key chunk 4kk
-        if (MODE == 1) {
-          a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
-          a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
-          a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
-          a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
+      for (int kk = 0; kk < T::PSTEPS; kk++) {
+        if constexpr (FP8) {
+          const int c0 = 16 * kk;  // s index of key chunk 4kk
+          if (MODE == 1) {
+            a[kk][0] = pick_bytes(s[c0 + 0], s[c0 + 1], s[c0 + 4], s[c0 + 5]);
+            a[kk][1] = pick_bytes(s[c0 + 2], s[c0 + 3], s[c0 + 6], s[c0 + 7]);
+            a[kk][2] = pick_bytes(s[c0 + 8], s[c0 + 9], s[c0 + 12], s[c0 + 13]);
+            a[kk][3] = pick_bytes(s[c0 + 10], s[c0 + 11], s[c0 + 14], s[c0 + 15]);
+          } else {
+            a[kk][0] = p_bytes2<MODE>(s[c0 + 0], s[c0 + 1]) | (p_bytes2<MODE>(s[c0 + 4], s[c0 + 5]) << 16);
+            a[kk][1] = p_bytes2<MODE>(s[c0 + 2], s[c0 + 3]) | (p_bytes2<MODE>(s[c0 + 6], s[c0 + 7]) << 16);
+            a[kk][2] = p_bytes2<MODE>(s[c0 + 8], s[c0 + 9]) | (p_bytes2<MODE>(s[c0 + 12], s[c0 + 13]) << 16);
+            a[kk][3] = p_bytes2<MODE>(s[c0 + 10], s[c0 + 11]) | (p_bytes2<MODE>(s[c0 + 14], s[c0 + 15]) << 16);
+          }
         } else {
-          a[kk][0] = p_bytes2<MODE>(s[c0 + 0], s[c0 + 1]) | (p_bytes2<MODE>(s[c0 + 4], s[c0 + 5]) << 16);
-          a[kk][1] = p_bytes2<MODE>(s[c0 + 2], s[c0 + 3]) | (p_bytes2<MODE>(s[c0 + 6], s[c0 + 7]) << 16);
-          a[kk][2] = p_bytes2<MODE>(s[c0 + 8], s[c0 + 9]) | (p_bytes2<MODE>(s[c0 + 12], s[c0 + 13]) << 16);
-          a[kk][3] = p_bytes2<MODE>(s[c0 + 10], s[c0 + 11]) | (p_bytes2<MODE>(s[c0 + 14], s[c0 + 15]) << 16);
+          const int c0 = 8 * kk;
+          a[kk][0] = pack_bf16(s[c0 + 0], s[c0 + 1]);
+          a[kk][1] = pack_bf16(s[c0 + 2], s[c0 + 3]);
+          a[kk][2] = pack_bf16(s[c0 + 4], s[c0 + 5]);
+          a[kk][3] = pack_bf16(s[c0 + 6], s[c0 + 7]);
         }
-      } else {
-        const int c0 = 8 * kk;
-        a[kk][0] = pack_bf16(s[c0 + 0], s[c0 + 1]);
-        a[kk][1] = pack_bf16(s[c0 + 2], s[c0 + 3]);
-        a[kk][2] = pack_bf16(s[c0 + 4], s[c0 + 5]);
-        a[kk][3] = pack_bf16(s[c0 + 6], s[c0 + 7]);
       }
     }
   };
@@ -764,8 +767,21 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // ---- epilogue: O / L (L = column D, held by the quad's lane t = 0)
+  // The V channel scales of this thread's channels (n·8 + 2t + c) are loaded together before
+  // any output, and the output type is chosen once per row: with a load and a type switch per
+  // element, each load waited for the previous element's store (ncu at 4k causal: a fifth of
+  // the kernel's stall samples on those multiplies; kernels/NOTES.md v3 item 20).
   const int64_t stride = P.with_lse ? D + 1 : D;
-  const float* vsc = vscale ? vscale + ((int64_t)bb * P.hkv + kvh) * D : nullptr;
+  const bool has_vs = vscale != nullptr;
+  float vs[D / 4];
+  if (has_vs) {
+    const float* vsc = vscale + ((int64_t)bb * P.hkv + kvh) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+      for (int c = 0; c < 2; c++) vs[2 * n + c] = vsc[n * 8 + 2 * t + c];
+  }
+  const int out_kind = P.with_lse ? 0 : P.out_dtype;  // 0 f32, 1 bf16, 2 f16
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const float l = __shfl_sync(0xffffffffu, o[D / 2 + 2 * r], lane & ~3);
@@ -773,19 +789,37 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (i >= P.sq) continue;
     const int64_t row = ((int64_t)bb * P.hq + h) * P.sq + i;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float val[D / 4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) {
+    for (int n = 0; n < D / 8; n++)
 #pragma unroll
       for (int c = 0; c < 2; c++) {
-        const int ch = n * 8 + 2 * t + c;
-        float val = o[4 * n + 2 * r + c];
-        if (vsc) val *= vsc[ch];
-        val = l > 0.0f ? val * inv : 0.0f;
-        const int64_t idx = row * stride + ch;
-        if (P.with_lse || P.out_dtype == 0) ((float*)out)[idx] = val;
-        else if (P.out_dtype == 1) ((bf16_t*)out)[idx] = __float2bfloat16_rn(val);
-        else ((f16_t*)out)[idx] = __float2half_rn(val);
+        float v = o[4 * n + 2 * r + c];
+        if (has_vs) v *= vs[2 * n + c];
+        val[2 * n + c] = l > 0.0f ? v * inv : 0.0f;
       }
+    // A thread's two channels 2t, 2t + 1 are adjacent: without the LSE column the row stride
+    // (D) is even and the output buffer freshly allocated, so each pair is one aligned store.
+    const int64_t base = row * stride + 2 * t;
+    if (P.with_lse) {
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) ((float*)out)[base + n * 8 + c] = val[2 * n + c];
+    } else if (out_kind == 0) {
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+        *(float2*)((float*)out + base + n * 8) = make_float2(val[2 * n], val[2 * n + 1]);
+    } else if (out_kind == 1) {
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+        *(__nv_bfloat162*)((bf16_t*)out + base + n * 8) =
+            __halves2bfloat162(__float2bfloat16_rn(val[2 * n]), __float2bfloat16_rn(val[2 * n + 1]));
+    } else {
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+        *(__half2*)((f16_t*)out + base + n * 8) =
+            __halves2half2(__float2half_rn(val[2 * n]), __float2half_rn(val[2 * n + 1]));
     }
     if (P.with_lse && t == 0) {
       float lse = NEG_INF;

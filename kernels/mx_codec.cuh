@@ -126,8 +126,8 @@ static __device__ __forceinline__ unsigned mx_scale_thr(int fmt, int mode) {
 }
 static __device__ __forceinline__ int mx_shared_exp_thr(float amax, int emax, unsigned thr) {
   if (amax == 0.0f) return -127;
-  bool p2;
-  const int e = floor_log2f(amax, &p2) - emax + (mantissa_fraction_bits(amax) >= thr ? 1 : 0);
+  bool pow2;  // unused here: the threshold compare covers the power-of-two case
+  const int e = floor_log2f(amax, &pow2) - emax + (mantissa_fraction_bits(amax) >= thr ? 1 : 0);
   return e < -127 ? -127 : (e > 127 ? 127 : e);
 }
 static __device__ __forceinline__ int mx_shared_exp(float amax, int fmt, int mode) {
