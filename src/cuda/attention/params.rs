@@ -135,11 +135,13 @@ pub(super) fn params(op: &AttentionOp, in_dtype: i32) -> AttnParams {
     }
 }
 
-/// Device copies of the key lengths and, for EFQ's exact-thresholds rule, its log-domain
-/// tables (1-element stubs otherwise), their addresses written into the parameter block.
+/// The device copy of the key lengths and, for EFQ's exact-thresholds rule, its log-domain
+/// tables, their addresses written into the parameter block. One buffer and one copy per
+/// call: each host-to-device copy is a step of its own on the stream, between the previous
+/// call's kernel and this call's first (`kernels/NOTES.md` v3 item 21). The other rules never
+/// read the tables (`efq_table` in `kernels/softmax_algos.cuh`), so they get null pointers.
 pub(super) struct Tables {
-    _bufs: [CudaSlice<f32>; 3],
-    _lens: CudaSlice<i32>,
+    _buf: CudaSlice<u32>,
 }
 
 impl Tables {
@@ -149,29 +151,46 @@ impl Tables {
         prm: &mut AttnParams,
     ) -> Result<Self> {
         let w = candle_core::Error::wrap;
-        let lens: Vec<i32> = op.problem.kv_lens.iter().map(|&x| x as i32).collect();
-        let lens = stream.clone_htod(&lens).map_err(w)?;
+        // i32 lengths and f32 tables share one u32 buffer: both are 4-byte words
+        let mut words: Vec<u32> = op
+            .problem
+            .kv_lens
+            .iter()
+            .map(|&x| x as i32 as u32)
+            .collect();
+        let n_lens = words.len();
         let exact_thr =
             matches!(&op.cfg.algorithm, Algorithm::Efq(e) if e.rule == EfqRule::ExactThresholds);
-        let (pow2, six, code): (Vec<f32>, Vec<f32>, Vec<f32>) = if exact_thr {
+        let mut offsets = None;
+        if exact_thr {
             let t = exp_mxfp4_thresholds();
-            let code = t.code.iter().flatten().copied().collect();
-            (t.pow2.clone(), t.six.clone(), code)
+            let pow2 = words.len();
+            words.extend(t.pow2.iter().map(|x| x.to_bits()));
+            let six = words.len();
+            words.extend(t.six.iter().map(|x| x.to_bits()));
+            let code = words.len();
+            words.extend(t.code.iter().flatten().map(|x| x.to_bits()));
+            offsets = Some((pow2, six, code));
+        }
+        if words.is_empty() {
+            words.push(0); // no zero-length allocation
+        }
+        let buf = stream.clone_htod(&words).map_err(w)?;
+        let base = buf.device_ptr(stream).0;
+        let at = |i: usize| base + 4 * i as u64;
+        prm.kv_lens = if n_lens > 0 {
+            at(0) as *const i32
         } else {
-            (vec![0.0], vec![0.0], vec![0.0])
+            std::ptr::null()
         };
-        let bufs = [
-            stream.clone_htod(&pow2).map_err(w)?,
-            stream.clone_htod(&six).map_err(w)?,
-            stream.clone_htod(&code).map_err(w)?,
-        ];
-        prm.kv_lens = lens.device_ptr(stream).0 as *const i32;
-        prm.thr_pow2 = bufs[0].device_ptr(stream).0 as *const f32;
-        prm.thr_six = bufs[1].device_ptr(stream).0 as *const f32;
-        prm.thr_code = bufs[2].device_ptr(stream).0 as *const f32;
-        Ok(Self {
-            _bufs: bufs,
-            _lens: lens,
-        })
+        (prm.thr_pow2, prm.thr_six, prm.thr_code) = match offsets {
+            Some((a, b, c)) => (
+                at(a) as *const f32,
+                at(b) as *const f32,
+                at(c) as *const f32,
+            ),
+            None => (std::ptr::null(), std::ptr::null(), std::ptr::null()),
+        };
+        Ok(Self { _buf: buf })
     }
 }
