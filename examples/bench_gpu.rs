@@ -202,26 +202,37 @@ fn main() -> Result<()> {
         };
         // one entry per EFQ code path of the kernels (rule x scale) not listed above
         let extra = [
-            ("LUT", EfqRule::Lut, EfqScale::Efq),
-            ("two-piece", EfqRule::TwoPiece, EfqScale::Floor),
             (
-                "exact thresholds, EFQ scale",
+                "mxattn EFQ LUT, MXFP4 QK, FP8 V",
+                EfqRule::Lut,
+                EfqScale::Efq,
+            ),
+            (
+                "mxattn EFQ two-piece, MXFP4 QK, FP8 V",
+                EfqRule::TwoPiece,
+                EfqScale::Floor,
+            ),
+            (
+                "mxattn EFQ exact thresholds, EFQ scale, MXFP4 QK, FP8 V",
                 EfqRule::ExactThresholds,
                 EfqScale::Efq,
             ),
             (
-                "exact thresholds, RCEIL scale",
+                "mxattn EFQ exact thresholds, RCEIL scale, MXFP4 QK, FP8 V",
                 EfqRule::ExactThresholds,
                 EfqScale::Rceil,
             ),
-            ("-Mean, RCEIL scale", EfqRule::Mean, EfqScale::Rceil),
+            (
+                "mxattn EFQ-Mean, RCEIL scale, MXFP4 QK, FP8 V",
+                EfqRule::Mean,
+                EfqScale::Rceil,
+            ),
         ];
-        entries.extend(extra.into_iter().map(|(what, rule, scale)| {
-            let sep = if what.starts_with('-') { "" } else { " " };
-            // leaked: the entries hold &str, and this binary lives for one run
-            let name: &'static str = format!("mxattn EFQ{sep}{what}, MXFP4 QK, FP8 V").leak();
-            (name, efq(rule, scale), GpuPath::Auto)
-        }));
+        entries.extend(
+            extra
+                .into_iter()
+                .map(|(name, rule, scale)| (name, efq(rule, scale), GpuPath::Auto)),
+        );
     }
     println!(
         "# bench_gpu: CUDA device 0, CUDA events, mean of {} after {} warm-up",

@@ -781,7 +781,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int c = 0; c < 2; c++) vs[2 * n + c] = vsc[n * 8 + 2 * t + c];
   }
-  const int out_kind = P.with_lse ? 0 : P.out_dtype;  // 0 f32, 1 bf16, 2 f16
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const float l = __shfl_sync(0xffffffffu, o[D / 2 + 2 * r], lane & ~3);
@@ -799,18 +798,19 @@ __global__ void __launch_bounds__(THREADS, 1)
         val[2 * n + c] = l > 0.0f ? v * inv : 0.0f;
       }
     // A thread's two channels 2t, 2t + 1 are adjacent: without the LSE column the row stride
-    // (D) is even and the output buffer freshly allocated, so each pair is one aligned store.
+    // (D) is even and the launcher checks the buffer's alignment, so each pair is one aligned
+    // store.
     const int64_t base = row * stride + 2 * t;
     if (P.with_lse) {
 #pragma unroll
       for (int n = 0; n < D / 8; n++)
 #pragma unroll
         for (int c = 0; c < 2; c++) ((float*)out)[base + n * 8 + c] = val[2 * n + c];
-    } else if (out_kind == 0) {
+    } else if (P.out_dtype == 0) {  // 0 f32 (always with the LSE), 1 bf16, 2 f16
 #pragma unroll
       for (int n = 0; n < D / 8; n++)
         *(float2*)((float*)out + base + n * 8) = make_float2(val[2 * n], val[2 * n + 1]);
-    } else if (out_kind == 1) {
+    } else if (P.out_dtype == 1) {
 #pragma unroll
       for (int n = 0; n < D / 8; n++)
         *(__nv_bfloat162*)((bf16_t*)out + base + n * 8) =
@@ -951,6 +951,10 @@ extern "C" int mxa_attention_wgmma(const AttnParams* P, const void* q, const flo
                                    void* out, unsigned long long* rollbacks, int* bad, gpuStream_t stream) {
   const int kind = mxa_attention_wgmma_supported(P);
   if (kind == 0 || sq_pad % wg::ROWS != 0 || sk_pad % wg::BC_ALL != 0) return MXA_ERR_ARGS;
+  // without the LSE the epilogue stores two adjacent outputs at once (8 bytes for f32, 4 for
+  // bf16/f16); with it, single f32s
+  const int align = P->with_lse ? 4 : (P->out_dtype == 0 ? 8 : 4);
+  if ((uintptr_t)out % align != 0) return MXA_ERR_ARGS;
   if ((int64_t)(sq_pad / wg::ROWS) * P->hq * P->b == 0) return MXA_OK;
   // the kernel's head dims (wg::head_dim_ok), D as a compile-time constant
   auto run = [&](auto dc) -> int {

@@ -28,7 +28,8 @@ extern "C" int mxa_pack_qk_direct(const AttnParams*, const void*, int64_t, int, 
                                   gpuStream_t) {
   return MXA_ERR_ARGS;
 }
-extern "C" int mxa_pack_v_direct(const AttnParams*, const void*, int, int, void*, float*, int*, gpuStream_t) {
+extern "C" int mxa_pack_v_direct(const AttnParams*, const void*, int, int, void*, float*, unsigned*, int*,
+                                 gpuStream_t) {
   return MXA_ERR_ARGS;
 }
 #else
@@ -142,47 +143,67 @@ __global__ void pack_vt_kernel(const float* __restrict__ src, int rows, int rows
 // behind that row's dtype branch and the previous row's shuffles, so a warp waited for DRAM
 // once per row (kernels/NOTES.md v3 item 16). The dtype switch is outside the unrolled loops.
 
-// N rows of 4 consecutive elements from element base[i] (0 where !in[i]); vec: the 4 are
-// one aligned 8-byte (bf16/f16) or 16-byte (f32) load.
-template <int N>
-static __device__ __forceinline__ void load_rows4(const void* __restrict__ src, int dtype, bool vec,
-                                                  const int64_t (&base)[N], const bool (&in)[N], float (&x)[N][4]) {
-  if (vec && dtype == 1) {
-    uint2 u[N];
-#pragma unroll
-    for (int i = 0; i < N; i++) u[i] = in[i] ? *(const uint2*)((const bf16_t*)src + base[i]) : make_uint2(0, 0);
-#pragma unroll
-    for (int i = 0; i < N; i++) {  // bf16 → f32 is the bits moved up (exact, as bf16_to_f32)
-      x[i][0] = __uint_as_float(u[i].x << 16);
-      x[i][1] = __uint_as_float(u[i].x & 0xffff0000u);
-      x[i][2] = __uint_as_float(u[i].y << 16);
-      x[i][3] = __uint_as_float(u[i].y & 0xffff0000u);
-    }
-  } else if (vec && dtype == 2) {
-    uint2 u[N];
-#pragma unroll
-    for (int i = 0; i < N; i++) u[i] = in[i] ? *(const uint2*)((const f16_t*)src + base[i]) : make_uint2(0, 0);
+// N rows of E consecutive elements (E = 4 or 16) from element base[i] (0 where !in[i]);
+// vec: the E are aligned 8- or 16-byte loads (bf16/f16: one 8-byte load for E = 4, two
+// 16-byte loads for E = 16; f32: E / 4 16-byte loads).
+template <int N, int E>
+static __device__ __forceinline__ void load_rows(const void* __restrict__ src, int dtype, bool vec,
+                                                 const int64_t (&base)[N], const bool (&in)[N], float (&x)[N][E]) {
+  static_assert(E == 4 || E == 16, "4 or 16 elements per lane");
+  if (vec && (dtype == 1 || dtype == 2)) {
+    constexpr int W = E / 2;  // 32-bit words of two elements
+    uint32_t u[N][W];
 #pragma unroll
     for (int i = 0; i < N; i++) {
-      x[i][0] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].x & 0xffffu)));
-      x[i][1] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].x >> 16)));
-      x[i][2] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].y & 0xffffu)));
-      x[i][3] = f16_to_f32(__ushort_as_half((unsigned short)(u[i].y >> 16)));
+      const uint16_t* p = (const uint16_t*)src + base[i];
+      if constexpr (E == 4) {
+        const uint2 v = in[i] ? *(const uint2*)p : make_uint2(0, 0);
+        u[i][0] = v.x;
+        u[i][1] = v.y;
+      } else {
+#pragma unroll
+        for (int c = 0; c < E / 8; c++) {
+          const uint4 v = in[i] ? ((const uint4*)p)[c] : make_uint4(0, 0, 0, 0);
+          u[i][4 * c] = v.x;
+          u[i][4 * c + 1] = v.y;
+          u[i][4 * c + 2] = v.z;
+          u[i][4 * c + 3] = v.w;
+        }
+      }
+    }
+    if (dtype == 1) {
+#pragma unroll
+      for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int w = 0; w < W; w++) {  // bf16 → f32 is the bits moved up (exact, as bf16_to_f32)
+          x[i][2 * w] = __uint_as_float(u[i][w] << 16);
+          x[i][2 * w + 1] = __uint_as_float(u[i][w] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+          x[i][2 * w] = f16_to_f32(__ushort_as_half((unsigned short)(u[i][w] & 0xffffu)));
+          x[i][2 * w + 1] = f16_to_f32(__ushort_as_half((unsigned short)(u[i][w] >> 16)));
+        }
     }
   } else if (vec && dtype == 0) {
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-      const float4 v = in[i] ? *(const float4*)((const float*)src + base[i]) : make_float4(0.f, 0.f, 0.f, 0.f);
-      x[i][0] = v.x;
-      x[i][1] = v.y;
-      x[i][2] = v.z;
-      x[i][3] = v.w;
-    }
+    for (int i = 0; i < N; i++)
+#pragma unroll
+      for (int c = 0; c < E / 4; c++) {
+        const float4 v = in[i] ? ((const float4*)((const float*)src + base[i]))[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[i][4 * c] = v.x;
+        x[i][4 * c + 1] = v.y;
+        x[i][4 * c + 2] = v.z;
+        x[i][4 * c + 3] = v.w;
+      }
   } else {
 #pragma unroll
     for (int i = 0; i < N; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = in[i] ? load_val(src, base[i] + j, dtype) : 0.0f;
+      for (int j = 0; j < E; j++) x[i][j] = in[i] ? load_val(src, base[i] + j, dtype) : 0.0f;
   }
 }
 
@@ -205,25 +226,29 @@ static __device__ __forceinline__ void load_strided(const void* __restrict__ src
   }
 }
 
-// Q or K, TILE rows of one head per CTA of WARPS warps. A row lives on LPR = D/4 adjacent lanes,
-// lane l holding channels 4(l mod LPR)..+3, so an MX block of B channels lives on B/4
-// adjacent lanes and the Hadamard butterfly pairs lanes by XOR; a warp takes RPI = 32/LPR
-// rows at once (D = 128: one; D = 64: two, one per half-warp): warp w's rows are
-// RPI·(w + WARPS·i) + l / LPR. Scale per row (Q: PER_ROW) or one per tile (K). Same
-// arithmetic as prep_qk_kernel followed by pack_rows_kernel. MXE: the MX rounding's element
-// where the compiler can specialise it (mx_fast_elem). K takes 32 warps per 128-key tile: its
-// grid is a quarter of Q's under GQA, and fewer rows per warp keep the unrolled code small
-// (kernels/NOTES.md v3 item 13).
-template <int D, int TILE, bool PER_ROW, int MXE, int WARPS>
+// Q or K, TILE rows of one head per CTA of WARPS warps. A row lives on LPR = D/E adjacent
+// lanes, lane l holding channels E(l mod LPR)..+E−1, so an MX block of B ≥ E channels lives
+// on B/E adjacent lanes and the Hadamard butterfly pairs lanes by XOR; a warp takes
+// RPI = 32/LPR rows at once: warp w's rows are RPI·(w + WARPS·i) + l / LPR. Scale per row
+// (Q: PER_ROW) or one per tile (K). Same arithmetic as prep_qk_kernel followed by
+// pack_rows_kernel. MXE: the MX rounding's element where the compiler can specialise it
+// (mx_fast_elem).
+// E = 16 (FP8 packing where MX blocks are ≥ 16 channels): a row's per-row work (block and
+// row maxima, shared exponents, scales, addresses) runs on 8 lanes instead of 32, and 4 of
+// the Hadamard's 7 stages stay inside a lane; E = 4 for MX blocks of 4 or 8 channels and
+// for bf16 packing (kernels/NOTES.md v3 item 22). K takes more warps per 128-key tile than Q: its grid is a
+// quarter of Q's under GQA, and fewer rows per warp keep the unrolled code small (item 13).
+template <int D, int E, int TILE, bool PER_ROW, int MXE, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* __restrict__ src, int dtype, int rows,
                                                              int vec, float q_scale, int hadamard, float hscale,
                                                              OperandFmt fmt, int fp8, uint8_t* __restrict__ dst,
                                                              float* __restrict__ scales, int* __restrict__ bad) {
-  constexpr int LPR = D / 4, RPI = 32 / LPR, RPW = TILE / (WARPS * RPI);
+  constexpr int LPR = D / E, RPI = 32 / LPR, RPW = TILE / (WARPS * RPI);
+  static_assert(LPR <= 32 && RPW >= 1 && RPW * WARPS * RPI == TILE, "tile geometry");
   const int head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int sub = lane / LPR, cl = lane % LPR;  // row within the warp's RPI, lane within the row
   const int r0 = blockIdx.x * TILE;
-  float x[RPW][4];
+  float x[RPW][E];
   {
     int64_t base[RPW];
     bool in[RPW];
@@ -231,9 +256,9 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
     for (int i = 0; i < RPW; i++) {
       const int r = r0 + RPI * (warp + WARPS * i) + sub;
       in[i] = r < rows;
-      base[i] = ((int64_t)head * rows + r) * D + 4 * cl;
+      base[i] = ((int64_t)head * rows + r) * D + E * cl;
     }
-    load_rows4<RPW>(src, dtype, vec != 0, base, in, x);
+    load_rows<RPW, E>(src, dtype, vec != 0, base, in, x);
   }
   // Each step runs over all of the thread's rows before the next (stage outer, rows inner):
   // the rows' shuffles are independent and issue back to back, and the run-time-uniform
@@ -243,59 +268,67 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
 #pragma unroll
   for (int i = 0; i < RPW; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) nonfinite |= !isfinite(x[i][j]);
+    for (int j = 0; j < E; j++) nonfinite |= !isfinite(x[i][j]);
   if (q_scale != 1.0f) {
 #pragma unroll
     for (int i = 0; i < RPW; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = x[i][j] * q_scale;
+      for (int j = 0; j < E; j++) x[i][j] = x[i][j] * q_scale;
   }
   if (hadamard) {
 #pragma unroll
     for (int h = 1; h < D; h *= 2) {
-      if (h < 4) {
+      if (h < E) {
 #pragma unroll
         for (int i = 0; i < RPW; i++)
 #pragma unroll
-          for (int j = 0; j < 4; j++)
+          for (int j = 0; j < E; j++)
             if (!(j & h)) {
               const float a = x[i][j], b = x[i][j + h];
               x[i][j] = a + b;
               x[i][j + h] = a - b;
             }
       } else {
-        const bool upper = cl & (h / 4);  // this lane holds the i + h half of its pairs
+        // this lane holds the i + h half of its pairs: other − x, else x + other, as one
+        // fma(±1, x, other): ±x is exact, so it rounds once like the add (one FFMA instead
+        // of FADD and FSEL)
+        const float sgn = (cl & (h / E)) ? -1.0f : 1.0f;
 #pragma unroll
         for (int i = 0; i < RPW; i++)
 #pragma unroll
-          for (int j = 0; j < 4; j++) {
-            const float other = SHFL_XOR(x[i][j], h / 4);
-            x[i][j] = upper ? other - x[i][j] : x[i][j] + other;
+          for (int j = 0; j < E; j++) {
+            const float other = SHFL_XOR(x[i][j], h / E);
+            x[i][j] = __fmaf_rn(sgn, x[i][j], other);
           }
       }
     }
 #pragma unroll
     for (int i = 0; i < RPW; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = x[i][j] * hscale;
+      for (int j = 0; j < E; j++) x[i][j] = x[i][j] * hscale;
   }
   if (fmt.kind == OPK_BF16) {
 #pragma unroll
     for (int i = 0; i < RPW; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = round_bf16(x[i][j]);
+      for (int j = 0; j < E; j++) x[i][j] = round_bf16(x[i][j]);
   } else if (fmt.kind == OPK_MX) {
-    // MXE ≥ 0 only where the call's element is MXE (mx_fast_elem): its constants then fold
+    // MXE ≥ 0 only where the call's element is MXE (mx_fast_elem): its constants then fold.
+    // A block's max over the lane's E channels, then across block / E lanes (E = 16 is only
+    // launched for blocks ≥ 16, E = 4 for blocks ≥ 4).
     const int elem = MXE >= 0 ? MXE : fmt.elem;
     const unsigned thr = mx_scale_thr(elem, fmt.scale);  // once, not per row (item 19)
     const int emax = fmt_info(elem).emax;
     float amax[RPW];
 #pragma unroll
-    for (int i = 0; i < RPW; i++)
-      amax[i] = fmaxf(fmaxf(fabsf(x[i][0]), fabsf(x[i][1])), fmaxf(fabsf(x[i][2]), fabsf(x[i][3])));
+    for (int i = 0; i < RPW; i++) {
+      amax[i] = fabsf(x[i][0]);
+#pragma unroll
+      for (int j = 1; j < E; j++) amax[i] = fmaxf(amax[i], fabsf(x[i][j]));
+    }
 #pragma unroll
     for (int o = 1; o < LPR; o *= 2)
-      if (o < fmt.block / 4) {
+      if (o < fmt.block / E) {
 #pragma unroll
         for (int i = 0; i < RPW; i++) amax[i] = fmaxf(amax[i], SHFL_XOR(amax[i], o));
       }
@@ -303,8 +336,18 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
     for (int i = 0; i < RPW; i++) {
       const int e = mx_shared_exp_thr(amax[i], emax, thr);
       const float inv = pow2f(-e), sc = e8m0_decode((unsigned)(e + 127));
+      if constexpr (MXE == FMT_E4M3) {
+        // two elements per conversion each way (the same per-element rounding)
 #pragma unroll
-      for (int j = 0; j < 4; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, elem) * sc;
+        for (int j = 0; j < E; j += 2) {
+          const float2 r = fp8x2_round_e4m3(x[i][j] * inv, x[i][j + 1] * inv);
+          x[i][j] = r.x * sc;
+          x[i][j + 1] = r.y * sc;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < E; j++) x[i][j] = mx_round<MXE>(x[i][j] * inv, elem) * sc;
+      }
     }
   }
   if (__any_sync(0xffffffffu, nonfinite) && lane == 0) atomicOr(bad, 1);
@@ -316,7 +359,9 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
     float am[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
-      am[i] = fmaxf(fmaxf(fabsf(x[i][0]), fabsf(x[i][1])), fmaxf(fabsf(x[i][2]), fabsf(x[i][3])));
+      am[i] = fabsf(x[i][0]);
+#pragma unroll
+      for (int j = 1; j < E; j++) am[i] = fmaxf(am[i], fabsf(x[i][j]));
 #pragma unroll
       for (int o = LPR / 2; o > 0; o >>= 1) am[i] = fmaxf(am[i], SHFL_XOR(am[i], o));
     }
@@ -345,34 +390,48 @@ __global__ void __launch_bounds__(WARPS * 32) pack_qk_direct_kernel(const void* 
       if (threadIdx.x == 0) scales[(int64_t)head * gridDim.x + blockIdx.x] = exp2i(e);
     }
   }
+  // a lane's bytes of a row: one 16-byte chunk of the swizzled tile (FP8, E = 16), or 4 or 8
+  // bytes of one (E = 4)
   uint8_t* t = dst + ((int64_t)head * gridDim.x + blockIdx.x) * TILE * D * (fp8 ? 1 : 2);
 #pragma unroll
   for (int i = 0; i < RPW; i++) {
     const int r = RPI * (warp + WARPS * i) + sub;
     if (fp8) {
-      uint32_t w = 0;
+      uint32_t w[E / 4];
 #pragma unroll
-      for (int j = 0; j < 4; j++)
-        w |= (uint32_t)__nv_cvt_float_to_fp8(x[i][j] * inv[i], __NV_SATFINITE, __NV_E4M3) << (8 * j);
-      *(uint32_t*)(t + tile_off(TILE, D, r, 4 * cl)) = w;
-    } else {
+      for (int q = 0; q < E / 4; q++) {
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x[i][4 * q] * inv[i], x[i][4 * q + 1] * inv[i]),
+                                                     __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+            make_float2(x[i][4 * q + 2] * inv[i], x[i][4 * q + 3] * inv[i]), __NV_SATFINITE, __NV_E4M3);
+        w[q] = lo | (hi << 16);
+      }
+      if constexpr (E == 4) *(uint32_t*)(t + tile_off(TILE, D, r, 4 * cl)) = w[0];
+      else *(uint4*)(t + tile_off(TILE, D, r, 16 * cl)) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (E == 4) {
       *(uint2*)(t + tile_off(TILE, 2 * D, r, 8 * cl)) =
           make_uint2(pack_bf16(x[i][0], x[i][1]), pack_bf16(x[i][2], x[i][3]));
+    } else {
+      __trap();  // the launcher packs bf16 with E = 4 only
     }
   }
 }
 
 // V, one thread per (32-key group, channel) of one head as pack_vt_kernel: the group's
 // values as prep_v_kernel makes them (zero past the entry's length, bf16 rounding, or
-// one MX block of 32 keys). AMAX: only gather each channel's largest |value| (as f32 bits)
-// for the channel scale; else write the packed Vᵀ bytes (FP8, keys permuted: MX V as
-// v / scale[c] with the power-of-two scale; per-channel FP8 V as its codes of v / scale[c],
-// prep_v_channel_kernel's arithmetic, the scale applied after PV). MXE as pack_qk_direct_kernel's.
+// one MX block of 32 keys). AMAX: only gather each channel's largest |value| (as f32 bits,
+// into amax, zeroed by the caller) for the channel scale; else (FP8) take the channel's scale
+// from those bits (channel_scale_kernel's formula for MX V, prep_v_scale_kernel's for
+// per-channel V; the blocks of the first 32 keys write it to `scale` for the attention
+// kernel), and write the packed Vᵀ bytes (keys permuted: MX V as v / scale[c] with the power-of-two scale; per-channel FP8 V
+// as its codes of v / scale[c], prep_v_channel_kernel's arithmetic, the scale applied after
+// PV). The scale is derived in this pass, not by a kernel of its own between the two: one
+// stream step less at short shapes (kernels/NOTES.md v3 item 22). MXE as
+// pack_qk_direct_kernel's.
 template <int D, bool FP8, bool AMAX, int MXE>
 __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, int rows, int hkv,
                                      const int32_t* __restrict__ kv_lens, OperandFmt fmt, unsigned* __restrict__ amax,
-                                     const float* __restrict__ scale, uint8_t* __restrict__ dst,
-                                     int* __restrict__ bad) {
+                                     float* __restrict__ scale, uint8_t* __restrict__ dst, int* __restrict__ bad) {
   constexpr int ES = FP8 ? 1 : 2;
   const int head = blockIdx.y, c = threadIdx.x, k0 = blockIdx.x * 32;
   const int len = kv_lens[head / hkv];
@@ -405,8 +464,14 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
     return;
   }
   if (__any_sync(0xffffffffu, nonfinite) && (c & 31) == 0) atomicOr(bad, 2);
+  float s = 1.0f;
+  if (FP8) {
+    const float a = __uint_as_float(amax[head * D + c]);
+    s = fmt.kind == OPK_PER_CHANNEL ? (a > 0.0f ? a / fmt_info(fmt.elem).max_normal : 1.0f)
+                                    : exp2i(e4m3_fit_exp(a));
+    if (blockIdx.x == 0) scale[head * D + c] = s;
+  }
   if (fmt.kind == OPK_PER_CHANNEL) {
-    const float s = scale[head * D + c];
 #pragma unroll
     for (int j = 0; j < 32; j++) x[j] = mx_round<MXE>(x[j] / s, fmt.elem);
   }
@@ -416,7 +481,7 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
   uint32_t w[8 * ES];
   if (FP8) {
     // MX: a power of two; per-channel codes are on the E4M3 grid already
-    const float inv = fmt.kind == OPK_PER_CHANNEL ? 1.0f : 1.0f / scale[head * D + c];
+    const float inv = fmt.kind == OPK_PER_CHANNEL ? 1.0f : 1.0f / s;
 #pragma unroll
     for (int i = 0; i < 8; i++) w[i] = 0;
 #pragma unroll
@@ -432,15 +497,6 @@ __global__ void pack_v_direct_kernel(const void* __restrict__ src, int dtype, in
 #pragma unroll
   for (int i = 0; i < 2 * ES; i++)
     *(uint4*)(t + tile_off(D, BC_ALL * ES, c, b0 + 16 * i)) = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-}
-
-// Per-channel FP8 V's scales from the amax bits, in place: amax / max_normal, or 1 for an
-// all-zero channel (prep_v_scale_kernel's formula).
-__global__ void per_channel_scale_kernel(int n, int elem, float* __restrict__ scale) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float amax = scale[i];
-  scale[i] = amax > 0.0f ? amax / fmt_info(elem).max_normal : 1.0f;
 }
 
 }  // namespace wg
@@ -535,20 +591,31 @@ extern "C" int mxa_pack_qk_direct(const AttnParams* P, const void* src, int64_t 
   if (rows_pad % tile != 0) return MXA_ERR_ARGS;
   dim3 grid((unsigned)(rows_pad / tile), (unsigned)heads);
   const float qs = is_q ? P->q_scale : 1.0f;
-  // A row's 4 elements per lane as one load where the input allows (rows start at multiples
-  // of D elements, so the base pointer's alignment decides).
+  // 16 channels per lane for the FP8 kernel unless MX blocks are narrower
+  // (pack_qk_direct_kernel's E); 4 for bf16 packing, which has no per-row scale work to
+  // share and which the 16-channel layout made slower (measured, not profiled: kernels/NOTES.md
+  // v3 item 22)
+  const bool wide = fp8 && (P->qk.kind != OPK_MX || P->qk.block >= 16);
+  // A row's elements per lane as whole loads where the input allows (rows start at multiples
+  // of D elements, so the base pointer's alignment decides): 16 bytes for 16 channels, one
+  // lane's 4 channels otherwise.
   const int esize = P->in_dtype == 0 ? 4 : 2;
-  const int vec = ((uintptr_t)src % (4 * esize)) == 0;
+  const int vec = ((uintptr_t)src % (wide ? 16 : 4 * esize)) == 0;
   return with_head_dim(P->d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     return with_mx_elem(P->qk, [&](auto ec) {
       constexpr int MXE = decltype(ec)::value;
-      if (is_q)
-        wg::pack_qk_direct_kernel<D, wg::BR, true, MXE, 8><<<grid, 256, 0, stream>>>(
-            src, P->in_dtype, rows, vec, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+      constexpr int KW = D / 4;  // K's warps with 16 channels per lane: one row each
+#define QK_ARGS src, P->in_dtype, rows, vec, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad
+      if (is_q && wide)
+        wg::pack_qk_direct_kernel<D, 16, wg::BR, true, MXE, 8><<<grid, 256, 0, stream>>>(QK_ARGS);
+      else if (is_q)
+        wg::pack_qk_direct_kernel<D, 4, wg::BR, true, MXE, 8><<<grid, 256, 0, stream>>>(QK_ARGS);
+      else if (wide)
+        wg::pack_qk_direct_kernel<D, 16, wg::BC_ALL, false, MXE, KW><<<grid, KW * 32, 0, stream>>>(QK_ARGS);
       else
-        wg::pack_qk_direct_kernel<D, wg::BC_ALL, false, MXE, 32><<<grid, 1024, 0, stream>>>(
-            src, P->in_dtype, rows, vec, qs, P->hadamard, P->hadamard_scale, P->qk, fp8, (uint8_t*)dst, scales, bad);
+        wg::pack_qk_direct_kernel<D, 4, wg::BC_ALL, false, MXE, 32><<<grid, 1024, 0, stream>>>(QK_ARGS);
+#undef QK_ARGS
       return mxa_status();
     });
   });
@@ -556,9 +623,11 @@ extern "C" int mxa_pack_qk_direct(const AttnParams* P, const void* src, int64_t 
 
 // V of b · hkv heads of sk keys (P's geometry) into packed Vᵀ of rows_pad keys per head;
 // vscale receives the per-channel scales (FP8: powers of two for MX V, per-channel FP8 V's
-// own scales otherwise). Flags non-finite inputs in bit 1 of *bad.
+// own scales otherwise). amax (FP8; null for bf16): b · hkv · d words the caller has zeroed
+// (they come with the call's one host-to-device copy: no memset of their own). Flags
+// non-finite inputs in bit 1 of *bad.
 extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_pad, int fp8, void* dst,
-                                 float* vscale, int* bad, gpuStream_t stream) {
+                                 float* vscale, unsigned* amax, int* bad, gpuStream_t stream) {
   const int64_t heads = (int64_t)P->b * P->hkv;
   if (heads <= 0 || rows_pad <= 0) return MXA_OK;
   if (!(mxa_pack_direct_supported(P, fp8) & 2) || rows_pad % wg::BC_ALL != 0 || heads > 65535) return MXA_ERR_ARGS;
@@ -570,19 +639,13 @@ extern "C" int mxa_pack_v_direct(const AttnParams* P, const void* src, int rows_
                                                                         P->v, nullptr, nullptr, (uint8_t*)dst, bad);
       return mxa_status();
     }
+    if (!amax) return MXA_ERR_ARGS;
     return with_mx_elem(P->v, [&](auto ec) {
       constexpr int MXE = decltype(ec)::value;
-      const int n = (int)heads * D;
-      unsigned* amax = (unsigned*)vscale;  // reused in place: bits first, then scales
-      if (cudaMemsetAsync(amax, 0, n * sizeof(float), stream) != cudaSuccess) return MXA_ERR_LAUNCH;
       wg::pack_v_direct_kernel<D, true, true, MXE><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
                                                                       P->v, amax, nullptr, nullptr, bad);
-      if (P->v.kind == OPK_PER_CHANNEL)
-        wg::per_channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(n, P->v.elem, vscale);
-      else
-        wg::channel_scale_kernel<<<(n + 255) / 256, 256, 0, stream>>>(amax, n, vscale);
       wg::pack_v_direct_kernel<D, true, false, MXE><<<grid, D, 0, stream>>>(src, P->in_dtype, P->sk, P->hkv, P->kv_lens,
-                                                                       P->v, nullptr, vscale, (uint8_t*)dst, bad);
+                                                                       P->v, amax, vscale, (uint8_t*)dst, bad);
       return mxa_status();
     });
   });

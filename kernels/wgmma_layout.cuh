@@ -106,6 +106,13 @@ static __device__ __forceinline__ float fp8_round(float a) {
   return __half2float(__half(h));
 }
 
+// fp8_round<FMT_E4M3> of two values, one conversion each way for both (the hardware rounds
+// each element as the one-element conversion does).
+static __device__ __forceinline__ float2 fp8x2_round_e4m3(float a, float b) {
+  const __nv_fp8x2_storage_t c = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c, __NV_E4M3)));
+}
+
 // The packing kernels' MX rounding, specialised at compile time (kernels/NOTES.md v3 item 13):
 // MXE = FMT_E4M3 or FMT_E2M1 where the call's format is that element (MX or per-channel),
 // −1 for any other (the generic codec, elem at run time).

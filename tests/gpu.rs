@@ -410,7 +410,8 @@ fn wgmma_u8_code_scaled_form_equals_the_general_form() {
 /// Every case the wgmma kernel takes, f32/bf16/f16 inputs, GQA, ragged tails, causal with
 /// shortened key lengths (V zeroed past them before its MX blocks); on the first shape also
 /// inputs that start one element into their buffer, which the one-pass packing reads with
-/// element loads instead of its aligned 8- or 16-byte loads.
+/// element loads instead of its aligned 8- or 16-byte loads; and MX Q/K blocks of 8, 16 and
+/// 64 channels beside the default 32 (the two lane layouts of the Q/K packing).
 #[test]
 fn wgmma_one_pass_packing_matches_the_staged_route() {
     let Some(dev) = gpu() else { return };
@@ -431,6 +432,28 @@ fn wgmma_one_pass_packing_matches_the_staged_route() {
         },
     );
     cfgs.push(("fused u8 MXFP4, no Hadamard".into(), no_hadamard));
+    // MX Q/K blocks other than 32: 8 channels (4 per lane, blocks across two lanes), 16 (16
+    // per lane, no block across lanes) and 64 (across four lanes), each with its own scale
+    // rule
+    for (block, scale) in [
+        (8, ScaleMode::Even),
+        (16, ScaleMode::Ceil),
+        (64, ScaleMode::Rceil),
+    ] {
+        let qk = OperandFormat::Mx {
+            elem: ElemFormat::E4M3,
+            scale,
+            block,
+        };
+        let cfg = AttentionConfig::exp_then_quantize(
+            qk,
+            OperandFormat::fp8_per_channel(),
+            ProbFormat::Fp8 {
+                elem: ElemFormat::E4M3,
+            },
+        );
+        cfgs.push((format!("etq E4M3 P, MXFP8 QK in blocks of {block}"), cfg));
+    }
     for (si, s) in shapes.iter().enumerate() {
         for dist in [Distribution::STRESS[0], Distribution::STRESS[2]] {
             let raw = synth::make(dist, *s, 700 + si as u64).unwrap();

@@ -234,12 +234,27 @@ fn run(
     )?;
     let mut prm = params(op, in_dtype);
     check_plan(&plan, &prm, op.gpu_path)?;
+    // the FP8 direct V packing gathers each channel's amax into zeroed words
+    let v_amax = match plan.kernel {
+        Kernel::Wgmma { fp8: true } if plan.v == Source::Direct => p.b * p.hkv * p.d,
+        _ => 0,
+    };
     // kept alive until the launches are queued (stream-ordered frees after them)
-    let _tables = Tables::upload(op, &stream, &mut prm)?;
+    let tables = Tables::upload(op, &stream, &mut prm, v_amax)?;
     let mut checks = Checks::take(op, dev)?;
     let (rb_p, bad_p) = checks.ptrs(&stream);
     let prepared = prepare(&plan, &prm, dev, q, [&k, &v], bad_p)?;
-    let slice = launch(&plan, &prm, op, dev, q, [&k, &v], &prepared, (rb_p, bad_p))?;
+    let amax_p = tables.zeroed_ptr(&stream) as u64;
+    let slice = launch(
+        &plan,
+        &prm,
+        op,
+        dev,
+        q,
+        [&k, &v],
+        &prepared,
+        (rb_p, bad_p, amax_p),
+    )?;
     checks.finish(op, &stream)?;
     let kernel = match plan.kernel {
         Kernel::Wgmma { .. } => GpuKernel::Wgmma {

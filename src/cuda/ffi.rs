@@ -378,6 +378,7 @@ extern "C" {
         fp8: i32,
         dst: *mut c_void,
         vscale: *mut f32,
+        amax: *mut u32,
         bad: *mut i32,
         stream: Stream,
     ) -> i32;

@@ -48,7 +48,11 @@ pub(super) fn prepare(
         k: alloc(plan.k != Source::Direct, n)?,
         v: alloc(plan.v != Source::Direct, n)?,
         v_unscaled: alloc(plan.v_unscaled, n)?,
-        v_scale: alloc(plan.per_channel_v, (prm.b * prm.hkv * prm.d) as usize)?,
+        // the direct V packing makes its own scales: no buffer (and no fill) for it here
+        v_scale: alloc(
+            plan.per_channel_v && plan.v != Source::Direct,
+            (prm.b * prm.hkv * prm.d) as usize,
+        )?,
     };
     let stream = dev.cuda_stream();
     let raw = stream.cu_stream() as ffi::Stream;
@@ -101,7 +105,11 @@ pub(super) fn prepare(
     let kp = ptr_of(&mut x.k, &stream, plan.k == Source::Prepared);
     let vp = ptr_of(&mut x.v, &stream, v_rest);
     let vu = ptr_of(&mut x.v_unscaled, &stream, plan.v_unscaled);
-    let vs = ptr_of(&mut x.v_scale, &stream, plan.per_channel_v);
+    let vs = ptr_of(
+        &mut x.v_scale,
+        &stream,
+        plan.per_channel_v && plan.v != Source::Direct,
+    );
     // SAFETY: every non-null pointer is a live device allocation of the sizes the kernels
     // read and write (prm's geometry; V's tail holds sk − v_key0 keys per head), on this
     // stream.
@@ -161,7 +169,7 @@ pub(super) fn launch(
     q: u64,
     [k, v]: [&Operand; 2],
     x: &Prepared,
-    (rb_p, bad_p): (u64, u64),
+    (rb_p, bad_p, amax_p): (u64, u64, u64),
 ) -> Result<CudaStorageSlice> {
     let p = &op.problem;
     let stream = dev.cuda_stream();
@@ -192,7 +200,16 @@ pub(super) fn launch(
                 src(plan.v, input(v), v_prepared),
             ];
             let chscale = (plan.v_unscaled).then_some(&x.v_scale);
-            Ready::Wgmma(pack_wgmma(prm, p, plan, fp8, dev, srcs, chscale, bad_p)?)
+            Ready::Wgmma(pack_wgmma(
+                prm,
+                p,
+                plan,
+                fp8,
+                dev,
+                srcs,
+                chscale,
+                (bad_p, amax_p),
+            )?)
         }
         Kernel::Mma => Ready::Mma([
             to_bf16(dev, &x.q, nq)?,
@@ -318,7 +335,7 @@ pub(super) fn pack_wgmma(
     dev: &CudaDevice,
     [q_src, k_src, v_src]: [Src<'_>; 3],
     chscale: Option<&CudaSlice<f32>>,
-    bad_p: u64,
+    (bad_p, amax_p): (u64, u64),
 ) -> Result<WgmmaInputs> {
     let stream = &dev.cuda_stream();
     let raw = stream.cu_stream() as ffi::Stream;
@@ -405,7 +422,8 @@ pub(super) fn pack_wgmma(
             };
             check(rc, what)?;
         }
-        // SAFETY: as above, for V (hkv heads × sk keys) and Vᵀ.
+        // SAFETY: as above, for V (hkv heads × sk keys) and Vᵀ; amax_p, for the FP8 direct
+        // route, hkv × d zeroed words of the call's tables (`Tables::upload`).
         let rc = match &v_src {
             Src::Input(x) => unsafe {
                 ffi::mxa_pack_v_direct(
@@ -415,6 +433,7 @@ pub(super) fn pack_wgmma(
                     fp8,
                     vt_p as *mut c_void,
                     vs_p as *mut f32,
+                    amax_p as *mut u32,
                     bad_p as *mut i32,
                     raw,
                 )

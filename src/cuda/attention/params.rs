@@ -136,12 +136,16 @@ pub(super) fn params(op: &AttentionOp, in_dtype: i32) -> AttnParams {
 }
 
 /// The device copy of the key lengths and, for EFQ's exact-thresholds rule, its log-domain
-/// tables, their addresses written into the parameter block. One buffer and one copy per
-/// call: each host-to-device copy is a step of its own on the stream, between the previous
-/// call's kernel and this call's first (`kernels/NOTES.md` v3 item 21). The other rules never
-/// read the tables (`efq_table` in `kernels/softmax_algos.cuh`), so they get null pointers.
+/// tables, their addresses written into the parameter block, then `zeroed` zero words for the
+/// kernels that gather into them (the FP8 V channel amax of the direct V packing). One buffer
+/// and one copy per call: each host-to-device copy or memset is a step of its own on the
+/// stream, between the previous call's kernel and this call's first (`kernels/NOTES.md` v3
+/// items 21, 22). The other rules never read the tables (`efq_table` in
+/// `kernels/softmax_algos.cuh`), so they get null pointers.
 pub(super) struct Tables {
-    _buf: CudaSlice<u32>,
+    buf: CudaSlice<u32>,
+    /// Offset of the zeroed words (in words); None where none were asked for.
+    zeroed: Option<usize>,
 }
 
 impl Tables {
@@ -149,6 +153,7 @@ impl Tables {
         op: &AttentionOp,
         stream: &Arc<CudaStream>,
         prm: &mut AttnParams,
+        zeroed: usize,
     ) -> Result<Self> {
         let w = candle_core::Error::wrap;
         // i32 lengths and f32 tables share one u32 buffer: both are 4-byte words
@@ -158,7 +163,6 @@ impl Tables {
             .iter()
             .map(|&x| x as i32 as u32)
             .collect();
-        let n_lens = words.len();
         let exact_thr =
             matches!(&op.cfg.algorithm, Algorithm::Efq(e) if e.rule == EfqRule::ExactThresholds);
         let mut offsets = None;
@@ -172,17 +176,19 @@ impl Tables {
             words.extend(t.code.iter().flatten().map(|x| x.to_bits()));
             offsets = Some((pow2, six, code));
         }
+        let zeroed = (zeroed > 0).then(|| {
+            let at = words.len();
+            words.resize(at + zeroed, 0);
+            at
+        });
         if words.is_empty() {
-            words.push(0); // no zero-length allocation
+            words.push(0); // no zero-length allocation (a call of no batch entries)
         }
         let buf = stream.clone_htod(&words).map_err(w)?;
         let base = buf.device_ptr(stream).0;
         let at = |i: usize| base + 4 * i as u64;
-        prm.kv_lens = if n_lens > 0 {
-            at(0) as *const i32
-        } else {
-            std::ptr::null()
-        };
+        // one length per batch entry, first in the buffer
+        prm.kv_lens = at(0) as *const i32;
         (prm.thr_pow2, prm.thr_six, prm.thr_code) = match offsets {
             Some((a, b, c)) => (
                 at(a) as *const f32,
@@ -191,6 +197,14 @@ impl Tables {
             ),
             None => (std::ptr::null(), std::ptr::null(), std::ptr::null()),
         };
-        Ok(Self { _buf: buf })
+        Ok(Self { buf, zeroed })
+    }
+
+    /// The device address of the zeroed words, or null.
+    pub(super) fn zeroed_ptr(&self, stream: &Arc<CudaStream>) -> *mut u32 {
+        match self.zeroed {
+            Some(i) => (self.buf.device_ptr(stream).0 + 4 * i as u64) as *mut u32,
+            None => std::ptr::null_mut(),
+        }
     }
 }
