@@ -1,8 +1,9 @@
 # The second device call (per-kernel times; the first call's compare_kernels.txt did not come
 # back): the loop of scripts/gpu_compare_bench.sh's COMPARE_KERNELS step, at 4k causal for
 # d = 128 and d = 64, old and new twice. .gpu/ held bench_gpu and bench_gpu_old as in
-# device_command.sh. The third call (after the bf16 packing went back to 4 channels per lane)
-# ran it with KPATHS="exact bf16" KOUT=kernels_bf16.txt after the GPU tests.
+# device_command.sh. A third call was to run it with KPATHS="exact bf16" KOUT=kernels_bf16.txt
+# after the GPU tests, on the build that packs bf16 with 4 channels per lane again; no device
+# machine could be started for it (README.md).
 ( cd .gpu && for f in *.xz; do [ -e "$f" ] && xz -d -f "$f"; done; chmod +x ./* )
 IFS=';' read -ra KP <<< "${KPATHS:-fused-softmax u8, MXFP8 QK, FP8 V;exact bf16;exp->E4M3 P, MXFP8 QK, FP8 V}"
 KF="$OUT/${KOUT:-kernels.txt}"
